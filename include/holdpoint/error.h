@@ -1,0 +1,195 @@
+// holdpoint::Error and ErrorCode: the one exception type of the library.
+//
+// Every distinct rejection has its own ErrorCode, so that callers and tests can
+// tell *why* something was refused without parsing messages. The message names
+// the file (when known), the field and the bound that was violated.
+//
+// Codes are grouped by the layer that raises them. Their numeric values are
+// stable within a release but are not part of the file format; use the names
+// (error_code_name) in logs and JSON.
+//
+// Thread-safety: Error is an immutable value type.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace holdpoint {
+
+// X(name, description). The description is the one-line meaning used in docs
+// and `holdpoint verify --codes`.
+#define HOLDPOINT_ERROR_CODES(X)                                                              \
+  /* usage and I/O */                                                                         \
+  X(invalid_argument, "the caller passed an argument the API does not accept")                \
+  X(io_open_failed, "the file could not be opened")                                           \
+  X(io_read_failed, "reading the file failed")                                                 \
+  X(io_write_failed, "writing the file failed")                                                \
+  X(io_sync_failed, "fsync of a file or directory failed")                                     \
+  X(io_rename_failed, "renaming the staged file into place failed")                            \
+  X(io_not_regular_file, "the path is not a regular file")                                     \
+  X(file_changed_during_read, "the file changed size while it was being read")                 \
+  X(file_too_large, "the file is larger than Limits::max_file_bytes")                          \
+  X(file_empty, "the file is empty")                                                           \
+  X(sha256_mismatch, "the SHA-256 of the file differs from the expected digest")               \
+  X(sha256_invalid, "an expected SHA-256 is not 64 hexadecimal digits")                        \
+  X(sidecar_invalid, "the .sha256 sidecar is missing, malformed or names another file")        \
+  /* container detection */                                                                   \
+  X(unknown_format, "the bytes are neither a PyTorch zip, a legacy PyTorch stream nor safetensors") \
+  X(legacy_tar_format, "a pre-0.1.10 PyTorch tar checkpoint, which is not supported")          \
+  X(pytorch1_prerelease_format, "the pre-release PYTORCH1 container, which is not supported")  \
+  X(torchscript_archive, "a TorchScript/package archive (constants.pkl, code/...), not a weights checkpoint") \
+  /* zip layer */                                                                             \
+  X(zip_eocd_missing, "no end-of-central-directory record at the end of the file")            \
+  X(zip_trailing_data, "bytes or a comment follow the end-of-central-directory record")       \
+  X(zip_multi_disk, "the archive claims to span several disks")                               \
+  X(zip64_locator_invalid, "the zip64 end-of-central-directory locator is malformed")         \
+  X(zip64_eocd_invalid, "the zip64 end-of-central-directory record is malformed")             \
+  X(zip_entry_count_mismatch, "the entry counts of the directory records disagree")           \
+  X(zip_too_many_entries, "more entries than Limits::max_records")                            \
+  X(zip_central_directory_invalid, "the central directory lies outside the file or is malformed") \
+  X(zip_central_directory_too_large, "the central directory exceeds Limits::max_central_directory_bytes") \
+  X(zip_empty, "the archive has no entries")                                                  \
+  X(zip_encrypted, "an entry is encrypted")                                                   \
+  X(zip_compressed, "an entry is compressed; PyTorch records are stored")                     \
+  X(zip_unsupported_flags, "an entry uses general-purpose flags other than data descriptor and UTF-8") \
+  X(zip_size_mismatch, "an entry's compressed and uncompressed sizes differ")                 \
+  X(zip_extra_field_invalid, "an entry's extra field is malformed or holds unexpected blocks") \
+  X(zip_name_invalid, "an entry name is empty, too long, not UTF-8 or has forbidden components") \
+  X(zip_name_duplicate, "two entries have the same name")                                     \
+  X(zip_name_case_duplicate, "two entry names differ only in ASCII case")                     \
+  X(zip_archive_folder_invalid, "entries do not share one top-level archive folder")          \
+  X(zip_local_header_invalid, "a local file header is malformed or lies outside the file")    \
+  X(zip_local_header_mismatch, "a local file header disagrees with its central directory entry") \
+  X(zip_entries_overlap, "two entries, or an entry and the central directory, share bytes")   \
+  X(zip_gap, "unaccounted bytes between entries (strict layout)")                             \
+  X(zip_descriptor_mismatch, "a data descriptor disagrees with the central directory")        \
+  X(zip_crc_mismatch, "an entry's CRC-32 does not match its bytes")                           \
+  X(zip_crc_missing, "an entry's CRC-32 is zero and Limits::allow_zero_crc is off")           \
+  /* PyTorch records */                                                                       \
+  X(record_unknown, "the archive holds a record that a weights checkpoint never has")         \
+  X(record_missing, "a required record (data.pkl, version) is missing")                       \
+  X(record_unreferenced, "a data/<key> record is not referenced by the pickle")               \
+  X(version_invalid, "the version record is not a decimal number")                            \
+  X(version_unsupported, "the archive version is outside the range PyTorch reads (1..10)")    \
+  X(byteorder_invalid, "the byteorder record is neither 'little' nor 'big'")                  \
+  X(format_version_invalid, "the .format_version or .storage_alignment record is not a decimal number") \
+  /* pickle VM */                                                                             \
+  X(pickle_too_large, "the pickle is larger than Limits::max_pickle_bytes")                   \
+  X(pickle_truncated, "the pickle ends inside an opcode or before STOP")                      \
+  X(pickle_protocol_unsupported, "the pickle protocol is not one PyTorch writers use")        \
+  X(pickle_opcode_forbidden, "an opcode outside the allowlist")                               \
+  X(pickle_opcode_limit, "more opcodes than Limits::max_opcodes")                             \
+  X(pickle_frame_invalid, "a FRAME length does not match the bytes that follow")              \
+  X(pickle_stack_underflow, "an opcode needs more stack items than there are")                \
+  X(pickle_stack_limit, "more stack items than Limits::max_stack_items")                      \
+  X(pickle_mark_missing, "an opcode needs a MARK and there is none")                          \
+  X(pickle_mark_limit, "MARKs nest deeper than Limits::max_mark_depth")                       \
+  X(pickle_stop_invalid, "at STOP the stack does not hold exactly one item, or a MARK is open") \
+  X(pickle_trailing_bytes, "bytes follow the STOP opcode")                                    \
+  X(pickle_memo_missing, "BINGET of a memo index that was never stored")                      \
+  X(pickle_memo_index_invalid, "BINPUT skips memo indices")                                   \
+  X(pickle_memo_limit, "more memo entries than Limits::max_memo_entries")                     \
+  X(pickle_memo_mutable, "BINGET of a mutable container (would allow cycles and aliasing)")   \
+  X(pickle_nesting_limit, "containers nest deeper than Limits::max_nesting_depth")            \
+  X(pickle_string_too_long, "a string is longer than Limits::max_string_bytes")               \
+  X(pickle_string_invalid, "a string is not valid UTF-8 (or ASCII for byte strings)")         \
+  X(pickle_int_invalid, "an integer does not fit in 64 bits or its text form is malformed")   \
+  X(pickle_global_forbidden, "GLOBAL names a module attribute outside the allowlist")         \
+  X(pickle_global_malformed, "GLOBAL's module or name is not a short dotted identifier")      \
+  X(pickle_call_forbidden, "REDUCE applied to something that is not an allowed callable")     \
+  X(pickle_call_args_invalid, "an allowed callable got arguments of the wrong shape or type")  \
+  X(pickle_build_forbidden, "BUILD on anything but an OrderedDict with a _metadata state")    \
+  X(pickle_setitem_target, "SETITEM(S) on something that is not a dict")                      \
+  X(pickle_append_target, "APPEND(S) on something that is not a list")                        \
+  X(pickle_dict_key_invalid, "a dict key is neither a string nor an integer")                 \
+  X(pickle_duplicate_key, "a dict key occurs twice")                                          \
+  X(pickle_container_limit, "more container elements than Limits::max_container_elements")    \
+  X(pickle_expansion_limit, "shared references expand past Limits::max_expanded_nodes")       \
+  X(pickle_type_invalid, "a value has a type the surrounding structure does not allow")      \
+  /* persistent ids and storages */                                                           \
+  X(persistent_id_invalid, "a persistent id is not ('storage', type, key, location, numel)")  \
+  X(storage_type_unsupported, "a persistent id names a storage type that is not a plain dtype") \
+  X(storage_key_invalid, "a storage key is not a canonical decimal number")                   \
+  X(storage_record_missing, "a storage key has no data/<key> record")                         \
+  X(storage_location_unsupported, "a storage location is not cpu, cuda[:n] or mps")           \
+  X(storage_numel_invalid, "a storage element count is negative or overflows")                \
+  X(storage_size_mismatch, "a storage record's size differs from numel x itemsize")          \
+  X(storage_redeclared, "one storage key is declared with two dtypes or element counts")      \
+  /* tensors */                                                                               \
+  X(tensor_rank_limit, "a tensor has more dimensions than Limits::max_tensor_rank")           \
+  X(tensor_geometry_invalid, "size and stride differ in length, or hold negative values")     \
+  X(tensor_numel_limit, "a tensor's element count overflows or exceeds Limits::max_tensor_numel") \
+  X(tensor_out_of_bounds, "a tensor view reaches outside its storage")                        \
+  X(tensor_bytes_limit, "a tensor's logical bytes exceed Limits::max_tensor_logical_bytes or the expansion bound") \
+  X(tensor_requires_grad_invalid, "requires_grad on a tensor whose dtype cannot have gradients") \
+  X(tensor_hooks_not_empty, "a tensor carries backward hooks or rebuild metadata")            \
+  X(tensor_count_limit, "more tensors than Limits::max_tensors")                              \
+  /* legacy (non-zip) stream */                                                               \
+  X(legacy_magic_invalid, "the legacy stream does not start with PyTorch's magic number")     \
+  X(legacy_protocol_unsupported, "the legacy stream's protocol version is not 1001")         \
+  X(legacy_sys_info_invalid, "the legacy stream's sys_info is malformed or not little-endian") \
+  X(legacy_storage_keys_invalid, "the legacy storage key list disagrees with the pickle")     \
+  X(legacy_storage_header_invalid, "a legacy storage's element count disagrees with its declaration") \
+  X(legacy_view_metadata_unsupported, "a legacy persistent id carries storage-view metadata") \
+  X(legacy_trailing_data, "bytes follow the last legacy storage")                             \
+  /* safetensors */                                                                           \
+  X(safetensors_header_too_small, "the file is shorter than the 8-byte header length")        \
+  X(safetensors_header_too_large, "the header length exceeds Limits::max_safetensors_header_bytes") \
+  X(safetensors_header_length_invalid, "the header length points past the end of the file")   \
+  X(safetensors_header_invalid, "the header is not UTF-8 JSON that starts with '{'")          \
+  X(safetensors_header_schema_invalid, "the header JSON does not have the safetensors schema") \
+  X(safetensors_json_depth_limit, "the header JSON nests deeper than Limits::max_json_depth") \
+  X(safetensors_duplicate_key, "a header object has a key twice")                             \
+  X(safetensors_dtype_unknown, "a tensor's dtype is not a safetensors dtype name")            \
+  X(safetensors_integer_invalid, "a shape or offset is not an exact unsigned 64-bit integer") \
+  X(safetensors_offsets_invalid, "tensor extents are not contiguous from 0 without gaps or overlaps") \
+  X(safetensors_validation_overflow, "shape x element size overflows")                       \
+  X(safetensors_misaligned_slice, "a tensor's bit size is not a whole number of bytes")       \
+  X(safetensors_tensor_info_invalid, "a tensor's byte length differs from its shape x element size") \
+  X(safetensors_incomplete_buffer, "the data buffer does not end exactly at the end of the file") \
+  X(safetensors_metadata_invalid, "__metadata__ is not an object of string values")           \
+  /* writers and conversion */                                                                \
+  X(write_value_unsupported, "the value cannot be written in the chosen format or mode")      \
+  X(write_storage_dtype_conflict, "one storage is referenced with two dtypes")                \
+  X(write_state_invalid, "the writer was used after finish() or abandon()")                   \
+  X(convert_not_flat, "conversion needs a flat mapping of names to tensors")
+
+enum class ErrorCode : std::uint16_t {
+#define HOLDPOINT_X(name, description) name,
+  HOLDPOINT_ERROR_CODES(HOLDPOINT_X)
+#undef HOLDPOINT_X
+};
+
+// "zip_crc_mismatch" etc.; "unknown" for a value outside the enum.
+std::string_view error_code_name(ErrorCode code) noexcept;
+std::string_view error_code_description(ErrorCode code) noexcept;
+// The inverse of error_code_name; nullopt for an unknown name.
+std::optional<ErrorCode> error_code_from_name(std::string_view name) noexcept;
+// Number of codes, for iteration in docs and tests.
+std::size_t error_code_count() noexcept;
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, std::string detail);
+
+  ErrorCode code() const noexcept { return code_; }
+  // The message without the file prefix.
+  const std::string& detail() const noexcept { return detail_; }
+  // The file the error is about, empty when it was raised on bytes in memory.
+  const std::string& path() const noexcept { return path_; }
+
+  // A copy that names `path` in its message (only if no path is set yet).
+  Error with_path(std::string path) const;
+
+ private:
+  Error(ErrorCode code, std::string detail, std::string path);
+
+  ErrorCode code_;
+  std::string detail_;
+  std::string path_;
+};
+
+}  // namespace holdpoint

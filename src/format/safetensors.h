@@ -1,0 +1,47 @@
+// safetensors reader and writer.
+//
+// Reader: the checks of the reference implementation (huggingface/safetensors
+// read_metadata + validate) plus duplicate keys, JSON depth, tensor count and
+// rank limits, and exact u64 integers (docs/format.md, "safetensors"). Tensors
+// are zero-copy views into `file`.
+// Writer: header padded with spaces to a multiple of 8, tensors ordered by
+// descending alignment then name, as the reference writer does.
+//
+// Failure contract: throws holdpoint::Error with a safetensors_* code naming
+// the tensor and the bound.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "holdpoint/checkpoint_mapping.h"
+#include "holdpoint/limits.h"
+#include "holdpoint/value.h"
+#include "io/byte_sink.h"
+
+namespace holdpoint::format {
+
+struct SafetensorsFile {
+  Value root;  // an ordered dict: tensor name -> tensor, in header order
+  std::map<std::string, std::string> metadata;
+  std::vector<RecordInfo> tensors;  // name, absolute offset, size
+  std::uint64_t header_bytes = 0;
+};
+
+// A plausible safetensors prefix: 8-byte length, then '{' (after optional spaces).
+bool looks_like_safetensors(std::span<const std::byte> file) noexcept;
+
+SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::shared_ptr<const void>& owner,
+                                 const Limits& limits);
+
+// `root` must be a dict of str -> tensor (any layout; non-contiguous views are
+// written in C order). Throws convert_not_flat otherwise, and
+// write_value_unsupported for a dtype safetensors cannot name.
+void write_safetensors(io::ByteSink& sink, const Value& root, const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace holdpoint::format

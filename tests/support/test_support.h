@@ -1,0 +1,59 @@
+// Helpers shared by the unit tests: error-code matchers, temporary
+// directories, corpus paths and small file utilities.
+#pragma once
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "holdpoint/error.h"
+
+namespace holdpoint::testing {
+
+// Runs `action` and returns the ErrorCode of the holdpoint::Error it throws.
+// Fails the test (and returns nullopt) if it throws nothing or something else.
+std::optional<ErrorCode> error_code_of(const std::function<void()>& action);
+
+// EXPECT_ERROR_CODE(statement, ErrorCode::zip_crc_mismatch): the statement must
+// throw holdpoint::Error with exactly that code.
+#define EXPECT_ERROR_CODE(statement, expected_code)                                         \
+  do {                                                                                      \
+    auto holdpoint_actual_code = ::holdpoint::testing::error_code_of([&] { statement; });   \
+    EXPECT_EQ(holdpoint_actual_code, std::optional<::holdpoint::ErrorCode>(expected_code))  \
+        << "statement: " #statement;                                                        \
+  } while (0)
+
+// A fresh directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const noexcept { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
+void write_file_bytes(const std::filesystem::path& path, const std::vector<std::byte>& bytes);
+std::vector<std::byte> bytes_of(std::string_view text);
+
+std::filesystem::path source_dir();  // the repository root
+std::filesystem::path corpus_dir();  // tests/corpus (a copy of the shared corpus)
+
+}  // namespace holdpoint::testing
+
+namespace holdpoint {
+// Lets gtest print ErrorCode values by name.
+void PrintTo(ErrorCode code, std::ostream* os);
+}  // namespace holdpoint
