@@ -38,6 +38,7 @@ namespace holdpoint {
   X(sidecar_invalid, "the .sha256 sidecar is missing, malformed or names another file")        \
   /* container detection */                                                                   \
   X(unknown_format, "the bytes are neither a PyTorch zip, a legacy PyTorch stream nor safetensors") \
+  X(git_lfs_pointer, "a Git LFS pointer file, not the checkpoint it points to (run git lfs pull)") \
   X(legacy_tar_format, "a pre-0.1.10 PyTorch tar checkpoint, which is not supported")          \
   X(pytorch1_prerelease_format, "the pre-release PYTORCH1 container, which is not supported")  \
   X(torchscript_archive, "a TorchScript/package archive (constants.pkl, code/...), not a weights checkpoint") \
@@ -151,11 +152,14 @@ namespace holdpoint {
   X(safetensors_tensor_info_invalid, "a tensor's byte length differs from its shape x element size") \
   X(safetensors_incomplete_buffer, "the data buffer does not end exactly at the end of the file") \
   X(safetensors_metadata_invalid, "__metadata__ is not an object of string values")           \
+  X(safetensors_dtype_unsupported, "a valid safetensors dtype (F4, F6_*, F8_E8M0) that holdpoint has no DType for") \
+  X(safetensors_tensor_name_invalid, "a tensor name is empty or longer than Limits::max_string_bytes") \
   /* writers and conversion */                                                                \
   X(write_value_unsupported, "the value cannot be written in the chosen format or mode")      \
   X(write_storage_dtype_conflict, "one storage is referenced with two dtypes")                \
   X(write_state_invalid, "the writer was used after finish() or abandon()")                   \
-  X(convert_not_flat, "conversion needs a flat mapping of names to tensors")
+  X(convert_not_flat, "conversion needs a flat mapping of names to tensors")                  \
+  X(dtype_unsupported, "a dtype or tensor kind has no counterpart on the other side (LibTorch build, file format)")
 
 enum class ErrorCode : std::uint16_t {
 #define HOLDPOINT_X(name, description) name,

@@ -1,1 +1,152 @@
-// Implementation in progress.
+#include "holdpoint/checkpoint_mapping.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "common/fail.h"
+#include "format/pt_reader.h"
+#include "format/pt_writer.h"
+#include "format/safetensors.h"
+#include "io/snapshot.h"
+#include "io/staged_file.h"
+
+namespace holdpoint {
+
+using detail::fail;
+
+std::string_view file_format_name(FileFormat format) noexcept {
+  switch (format) {
+    case FileFormat::pytorch_zip: return "pytorch_zip";
+    case FileFormat::pytorch_legacy: return "pytorch_legacy";
+    case FileFormat::safetensors: return "safetensors";
+  }
+  return "unknown";
+}
+
+LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr<const void> owner,
+                                     const Limits& limits) {
+  format::ParsedFile parsed = format::read_checkpoint_file(bytes, owner, limits);
+  LoadedMapping mapping;
+  mapping.root = std::move(parsed.root);
+  mapping.format = parsed.format;
+  mapping.file_bytes = bytes.size();
+  mapping.markers = std::move(parsed.markers);
+  mapping.records = std::move(parsed.records);
+  return mapping;
+}
+
+LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options) {
+  std::optional<Sha256Digest> expected;
+  if (options.expected_sha256) {
+    expected = Sha256Digest::from_hex(*options.expected_sha256);
+    if (!expected) {
+      throw Error(ErrorCode::sha256_invalid, detail::concat("expected SHA-256 '", *options.expected_sha256,
+                                                            "' is not 64 hexadecimal digits"))
+          .with_path(path.string());
+    }
+  }
+  io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, expected);
+  try {
+    auto buffer = snapshot.buffer;
+    LoadedMapping mapping = parse_checkpoint_bytes(buffer->bytes(), buffer, options.limits);
+    mapping.sha256 = snapshot.sha256;
+    return mapping;
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
+
+std::string sha256_sidecar_line(const Sha256Digest& digest, const std::filesystem::path& file) {
+  return digest.hex() + "  " + file.filename().string() + "\n";
+}
+
+namespace {
+
+std::filesystem::path sidecar_path(const std::filesystem::path& path) {
+  return std::filesystem::path(path.string() + ".sha256");
+}
+
+void write_small_file_atomically(const std::filesystem::path& path, std::string_view text, bool durable) {
+  auto staged = io::StagedFile::create(path);
+  try {
+    staged->write({reinterpret_cast<const std::byte*>(text.data()), text.size()});
+    staged->finish(durable);
+    staged->commit(durable);
+  } catch (...) {
+    staged->abandon();
+    throw;
+  }
+}
+
+}  // namespace
+
+Sha256Digest read_sha256_sidecar(const std::filesystem::path& path) {
+  const auto sidecar = sidecar_path(path);
+  std::ifstream in(sidecar, std::ios::binary);
+  if (!in) throw Error(ErrorCode::io_open_failed, "cannot open the .sha256 sidecar").with_path(sidecar.string());
+  std::string text(4097, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  auto invalid = [&](std::string_view why) {
+    return Error(ErrorCode::sidecar_invalid, std::string(why)).with_path(sidecar.string());
+  };
+  if (text.size() > 4096) throw invalid("sidecar is larger than 4096 bytes");
+  if (text.empty() || text.back() != '\n' || text.find('\n') != text.size() - 1) {
+    throw invalid("sidecar must be exactly one line ending in a newline");
+  }
+  text.pop_back();
+  // sha256sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
+  if (text.size() < 67 || (text.compare(64, 2, "  ") != 0 && text.compare(64, 2, " *") != 0)) {
+    throw invalid("sidecar line is not '<64 hex digits>  <file name>'");
+  }
+  const auto digest = Sha256Digest::from_hex(std::string_view(text).substr(0, 64));
+  if (!digest) throw invalid("sidecar digest is not 64 hexadecimal digits");
+  const std::string named = text.substr(66);
+  if (named != path.filename().string()) {
+    throw invalid("sidecar names '" + named + "', not '" + path.filename().string() + "'");
+  }
+  return *digest;
+}
+
+SaveResult save_mapping(const std::filesystem::path& path, const Value& root, const SaveOptions& options) {
+  if (options.format == FileFormat::pytorch_legacy) {
+    throw Error(ErrorCode::invalid_argument, "the legacy PyTorch stream is read-only; save as pytorch_zip")
+        .with_path(path.string());
+  }
+  auto staged = io::StagedFile::create(path);
+  SaveResult result;
+  try {
+    if (options.format == FileFormat::safetensors) {
+      format::write_safetensors(*staged, root);
+      result.tensor_count = root.as_dict().size();
+      result.storage_count = result.tensor_count;
+    } else {
+      format::PtWriteOptions write_options;
+      write_options.torch_1_13_compatible = options.torch_1_13_compatible;
+      write_options.archive_name = options.archive_name;
+      const auto written = format::write_pt(*staged, root, write_options);
+      result.tensor_count = written.tensor_count;
+      result.storage_count = written.storage_count;
+    }
+    result.file_bytes = staged->position();
+    result.sha256 = staged->finish(options.durable);
+    staged->commit(options.durable);
+  } catch (const Error& error) {
+    staged->abandon();
+    throw error.with_path(path.string());
+  } catch (...) {
+    staged->abandon();
+    throw;
+  }
+  if (options.write_sidecar) {
+    write_small_file_atomically(sidecar_path(path), sha256_sidecar_line(result.sha256, path), options.durable);
+  }
+  return result;
+}
+
+}  // namespace holdpoint

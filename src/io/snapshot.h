@@ -1,0 +1,56 @@
+// Private snapshots: a whole file read once into private memory while hashed.
+//
+// read_snapshot reads the file at `path` exactly once into a buffer no other
+// process can change, computing SHA-256 as the bytes arrive (on a second
+// thread, so hashing overlaps reading). When an expected digest is given it is
+// compared before the function returns, so callers parse only bytes that were
+// hashed and, if asked, verified. The file must not change size while it is
+// read.
+//
+// Failure contract: throws holdpoint::Error (io_open_failed,
+// io_not_regular_file, file_too_large, io_read_failed,
+// file_changed_during_read, sha256_mismatch) naming the path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "holdpoint/sha256.h"
+
+namespace holdpoint::io {
+
+// Page-aligned private memory (anonymous mapping; transparent huge pages are
+// requested for large buffers because faulting fresh 4 KiB pages is the
+// dominant cost of reading a big file).
+class Buffer {
+ public:
+  static std::shared_ptr<Buffer> allocate(std::size_t size);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  std::byte* data() noexcept { return data_; }
+  const std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::span<std::byte> bytes() noexcept { return {data_, size_}; }
+
+ private:
+  Buffer(std::byte* data, std::size_t size, std::size_t mapped) : data_(data), size_(size), mapped_(mapped) {}
+  std::byte* data_;
+  std::size_t size_;
+  std::size_t mapped_;
+};
+
+struct Snapshot {
+  std::shared_ptr<Buffer> buffer;
+  Sha256Digest sha256;
+};
+
+Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
+                       const std::optional<Sha256Digest>& expected_sha256 = std::nullopt);
+
+}  // namespace holdpoint::io

@@ -1,0 +1,27 @@
+// The holdpoint command-line tool: one function per subcommand, each a thin
+// layer over the public API. Exit codes: 0 success/valid, 1 the file is
+// invalid (the error code is printed), 2 usage or I/O error.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "holdpoint/error.h"
+
+namespace holdpoint::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInvalid = 1;
+inline constexpr int kExitUsage = 2;
+
+// Registers a subcommand on `app`; the callback stores its exit code in `exit_code`.
+void add_inspect_command(CLI::App& app, int& exit_code);
+void add_verify_command(CLI::App& app, int& exit_code);
+void add_convert_command(CLI::App& app, int& exit_code);
+
+// 2 for errors about the environment (files that cannot be opened, bad
+// arguments), 1 for everything that says the file itself is invalid.
+int exit_code_for(ErrorCode code);
+
+}  // namespace holdpoint::cli

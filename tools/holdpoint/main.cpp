@@ -1,0 +1,21 @@
+// holdpoint: inspect, verify and convert checkpoint files without executing them.
+#include <iostream>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"holdpoint: trustworthy PyTorch/LibTorch checkpoints (.pt and .safetensors)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("holdpoint ") + HOLDPOINT_VERSION);
+  int exit_code = holdpoint::cli::kExitOk;
+  holdpoint::cli::add_inspect_command(app, exit_code);
+  holdpoint::cli::add_verify_command(app, exit_code);
+  holdpoint::cli::add_convert_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : holdpoint::cli::kExitUsage;
+  }
+  return exit_code;
+}

@@ -1,0 +1,91 @@
+#include "value_json.h"
+
+#include <cstdio>
+#include <cstring>
+#include <unordered_map>
+
+#include "holdpoint/sha256.h"
+
+namespace holdpoint::cli {
+
+namespace {
+
+std::string hex_of(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+class Encoder {
+ public:
+  explicit Encoder(bool digests) : digests_(digests) {}
+
+  nlohmann::ordered_json encode(const Value& value) {
+    using nlohmann::ordered_json;
+    switch (value.kind()) {
+      case ValueKind::none: return nullptr;
+      case ValueKind::boolean: return value.as_bool();
+      case ValueKind::integer: return ordered_json{{"int", std::to_string(value.as_int())}};
+      case ValueKind::floating: {
+        const double v = value.as_double();
+        std::uint64_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        char text[17];
+        std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(bits));
+        return ordered_json{{"float", text}};
+      }
+      case ValueKind::string: return ordered_json{{"str", value.as_string()}};
+      case ValueKind::bytes: return ordered_json{{"bytes", hex_of(value.as_bytes())}};
+      case ValueKind::list:
+      case ValueKind::tuple: {
+        ordered_json items = ordered_json::array();
+        for (const Value& item : value.as_list()) items.push_back(encode(item));
+        return ordered_json{{value.is_list() ? "list" : "tuple", std::move(items)}};
+      }
+      case ValueKind::dict:
+      case ValueKind::ordered_dict: {
+        ordered_json entries = ordered_json::array();
+        for (const auto& [key, item] : value.as_dict()) {
+          ordered_json encoded_key = key.is_string() ? ordered_json{{"str", key.as_string()}}
+                                                     : ordered_json{{"int", std::to_string(key.as_int())}};
+          entries.push_back(ordered_json::array({std::move(encoded_key), encode(item)}));
+        }
+        return ordered_json{{value.is_ordered_dict() ? "odict" : "dict", std::move(entries)}};
+      }
+      case ValueKind::tensor: return ordered_json{{"tensor", encode_tensor(value.as_tensor())}};
+    }
+    return nullptr;
+  }
+
+ private:
+  nlohmann::ordered_json encode_tensor(const TensorData& tensor) {
+    nlohmann::ordered_json out;
+    out["dtype"] = std::string(dtype_name(tensor.dtype));
+    out["shape"] = tensor.sizes;
+    out["stride"] = tensor.strides;
+    out["offset"] = tensor.storage_offset;
+    out["requires_grad"] = tensor.requires_grad;
+    out["parameter"] = tensor.is_parameter;
+    const void* identity = tensor.storage->identity();
+    auto [it, inserted] = storage_keys_.emplace(identity, storage_keys_.size());
+    out["storage"] = std::to_string(it->second);
+    if (digests_) out["sha256"] = Sha256::of(tensor.contiguous_bytes()).hex();
+    return out;
+  }
+
+  bool digests_;
+  std::unordered_map<const void*, std::size_t> storage_keys_;
+};
+
+}  // namespace
+
+nlohmann::ordered_json value_to_json(const Value& value, bool tensor_digests) {
+  return Encoder(tensor_digests).encode(value);
+}
+
+}  // namespace holdpoint::cli
