@@ -127,11 +127,12 @@ class Dict {
  public:
   using Entry = std::pair<DictKey, Value>;
 
-  std::size_t size() const noexcept { return entries_.size(); }
-  bool empty() const noexcept { return entries_.empty(); }
-  auto begin() const noexcept { return entries_.begin(); }
-  auto end() const noexcept { return entries_.end(); }
-  const Entry& at_index(std::size_t i) const { return entries_.at(i); }
+  // Defined after Value (below), which must be complete for std::pair<DictKey, Value>.
+  std::size_t size() const noexcept;
+  bool empty() const noexcept;
+  std::vector<Entry>::const_iterator begin() const noexcept;
+  std::vector<Entry>::const_iterator end() const noexcept;
+  const Entry& at_index(std::size_t i) const;
 
   const Value* find(const DictKey& key) const;
   const Value* find(std::string_view key) const;
@@ -222,6 +223,12 @@ class Value {
   ValueKind kind_ = ValueKind::none;
   Node node_;
 };
+
+inline std::size_t Dict::size() const noexcept { return entries_.size(); }
+inline bool Dict::empty() const noexcept { return entries_.empty(); }
+inline std::vector<Dict::Entry>::const_iterator Dict::begin() const noexcept { return entries_.begin(); }
+inline std::vector<Dict::Entry>::const_iterator Dict::end() const noexcept { return entries_.end(); }
+inline const Dict::Entry& Dict::at_index(std::size_t i) const { return entries_.at(i); }
 
 // Deep structural equality: same kinds, same keys in the same order, equal
 // scalars (doubles compared bitwise, so NaN == NaN), tensors with equal dtype,

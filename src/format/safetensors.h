@@ -2,8 +2,11 @@
 //
 // Reader: the checks of the reference implementation (huggingface/safetensors
 // read_metadata + validate) plus duplicate keys, JSON depth, tensor count and
-// rank limits, and exact u64 integers (docs/format.md, "safetensors"). Tensors
-// are zero-copy views into `file`.
+// rank limits, exact u64 integers, a header that starts with '{', and shapes
+// whose nonzero product fits int64 (docs/format.md, "safetensors"). Tensors
+// are zero-copy views into `file` whose storages hold `owner`; their data is
+// not necessarily aligned. Dtypes the specification knows but holdpoint cannot
+// represent (F4, F6_*, F8_E8M0) are rejected after the layout checks.
 // Writer: header padded with spaces to a multiple of 8, tensors ordered by
 // descending alignment then name, as the reference writer does.
 //
@@ -33,15 +36,19 @@ struct SafetensorsFile {
   std::uint64_t header_bytes = 0;
 };
 
-// A plausible safetensors prefix: 8-byte length, then '{' (after optional spaces).
+// A plausible safetensors prefix: an 8-byte length that fits the file, then
+// '{' at byte 8 (read_safetensors rejects leading whitespace, so this is exact).
 bool looks_like_safetensors(std::span<const std::byte> file) noexcept;
 
 SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::shared_ptr<const void>& owner,
                                  const Limits& limits);
 
 // `root` must be a dict of str -> tensor (any layout; non-contiguous views are
-// written in C order). Throws convert_not_flat otherwise, and
-// write_value_unsupported for a dtype safetensors cannot name.
+// written in C order). Throws convert_not_flat otherwise; write_value_unsupported
+// for a dtype safetensors cannot name, an empty, non-UTF-8 or "__metadata__"
+// tensor name, or non-UTF-8 metadata; tensor_geometry_invalid /
+// tensor_out_of_bounds for a view that does not fit its storage.
+// requires_grad and is_parameter are not stored (the format has no place).
 void write_safetensors(io::ByteSink& sink, const Value& root, const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace holdpoint::format

@@ -45,7 +45,7 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   if (!in) throw std::runtime_error("cannot open " + path.string());
   std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::byte> bytes(chars.size());
-  std::memcpy(bytes.data(), chars.data(), chars.size());
+  if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
   return bytes;
 }
 
@@ -57,7 +57,7 @@ void write_file_bytes(const std::filesystem::path& path, const std::vector<std::
 
 std::vector<std::byte> bytes_of(std::string_view text) {
   std::vector<std::byte> bytes(text.size());
-  std::memcpy(bytes.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(bytes.data(), text.data(), text.size());
   return bytes;
 }
 
