@@ -1,1 +1,646 @@
-// Implementation in progress.
+#include "format/zip_reader.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "common/checked_arithmetic.h"
+#include "common/fail.h"
+#include "format/zip_format.h"
+#include "io/crc32.h"
+
+namespace holdpoint::format {
+namespace {
+
+using detail::fail;
+
+// Readers of little-endian fields. Callers have checked that the field lies
+// inside `file`.
+std::uint64_t load_le(std::span<const std::byte> file, std::uint64_t offset, int width) {
+  std::uint64_t value = 0;
+  for (int i = width - 1; i >= 0; --i) value = (value << 8) | static_cast<std::uint8_t>(file[offset + i]);
+  return value;
+}
+std::uint16_t load_u16(std::span<const std::byte> file, std::uint64_t offset) {
+  return static_cast<std::uint16_t>(load_le(file, offset, 2));
+}
+std::uint32_t load_u32(std::span<const std::byte> file, std::uint64_t offset) {
+  return static_cast<std::uint32_t>(load_le(file, offset, 4));
+}
+std::uint64_t load_u64(std::span<const std::byte> file, std::uint64_t offset) { return load_le(file, offset, 8); }
+
+std::string_view text_at(std::span<const std::byte> file, std::uint64_t offset, std::uint64_t size) {
+  return {reinterpret_cast<const char*>(file.data()) + offset, static_cast<std::size_t>(size)};
+}
+
+// A name as it may appear in a message: hostile names can hold control bytes
+// or be hundreds of bytes long.
+std::string printable(std::string_view name) {
+  constexpr std::size_t kShown = 80;
+  std::string out;
+  for (std::size_t i = 0; i < name.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7F || c == '\\') {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 0xF];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (name.size() > kShown) out += "...";
+  return out;
+}
+
+std::string entry_label(std::size_t index, std::string_view name) {
+  return detail::concat("zip entry ", index, " '", printable(name), "'");
+}
+
+// a + b where both come from the file; a sum that wraps is as malformed as
+// one that points outside the file, so the caller's code is used for both.
+std::uint64_t add_or_fail(std::uint64_t a, std::uint64_t b, ErrorCode code, const std::string& what) {
+  const auto sum = detail::checked_add(a, b);
+  if (!sum) fail(code, what, ": ", a, " + ", b, " overflows 64 bits");
+  return *sum;
+}
+
+char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// <0 / 0 / >0 comparison of the ASCII-lowercased strings.
+int compare_folded(std::string_view a, std::string_view b) {
+  const std::size_t common = std::min(a.size(), b.size());
+  for (std::size_t i = 0; i < common; ++i) {
+    const auto x = static_cast<unsigned char>(ascii_lower(a[i]));
+    const auto y = static_cast<unsigned char>(ascii_lower(b[i]));
+    if (x != y) return x < y ? -1 : 1;
+  }
+  if (a.size() == b.size()) return 0;
+  return a.size() < b.size() ? -1 : 1;
+}
+
+// ---- names ---------------------------------------------------------------------
+
+// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF)
+// with no control characters (C0, DEL, C1) and no backslash, which Windows
+// tools treat as a separator.
+void check_name_characters(std::size_t index, std::string_view name) {
+  if (name.empty() || name.size() > zip::kMaxNameBytes) {
+    fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": name is ", name.size(), " bytes (must be 1..",
+         zip::kMaxNameBytes, ")");
+  }
+  if (name.front() == '/') fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": name starts with '/'");
+  std::size_t i = 0;
+  while (i < name.size()) {
+    const auto lead = static_cast<unsigned char>(name[i]);
+    std::uint32_t code_point = 0;
+    std::size_t length = 0;
+    std::uint32_t minimum = 0;
+    if (lead < 0x80) {
+      code_point = lead;
+      length = 1;
+    } else if ((lead & 0xE0) == 0xC0) {
+      code_point = lead & 0x1F;
+      length = 2;
+      minimum = 0x80;
+    } else if ((lead & 0xF0) == 0xE0) {
+      code_point = lead & 0x0F;
+      length = 3;
+      minimum = 0x800;
+    } else if ((lead & 0xF8) == 0xF0) {
+      code_point = lead & 0x07;
+      length = 4;
+      minimum = 0x10000;
+    } else {
+      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i, " is not valid UTF-8");
+    }
+    if (length > name.size() - i) {
+      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": UTF-8 sequence at byte ", i, " is truncated");
+    }
+    for (std::size_t k = 1; k < length; ++k) {
+      const auto continuation = static_cast<unsigned char>(name[i + k]);
+      if ((continuation & 0xC0) != 0x80) {
+        fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i + k, " is not valid UTF-8");
+      }
+      code_point = (code_point << 6) | (continuation & 0x3F);
+    }
+    if (code_point < minimum || code_point > 0x10FFFF || (code_point >= 0xD800 && code_point <= 0xDFFF)) {
+      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i,
+           " starts an overlong, surrogate or out-of-range UTF-8 sequence");
+    }
+    if (code_point < 0x20 || (code_point >= 0x7F && code_point <= 0x9F)) {
+      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i, " is a control character");
+    }
+    if (code_point == '\\') fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": name contains '\\'");
+    i += length;
+  }
+}
+
+void check_component(std::size_t index, std::string_view name, std::string_view component) {
+  if (component.empty() || component == "." || component == "..") {
+    fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": path component '", component,
+         "' is empty, '.' or '..'");
+  }
+}
+
+// `rest` is the part after the archive folder; it is a record name.
+void check_record_components(std::size_t index, std::string_view name, std::string_view rest) {
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t slash = rest.find('/', start);
+    check_component(index, name, rest.substr(start, slash == std::string_view::npos ? slash : slash - start));
+    if (slash == std::string_view::npos) return;
+    start = slash + 1;
+  }
+}
+
+// ---- extra fields --------------------------------------------------------------
+
+struct ExtraBlocks {
+  std::optional<std::span<const std::byte>> zip64;  // the block's data
+};
+
+// Walks (id, length, data) blocks; only zip64 and PyTorch's "FB" padding are
+// allowed, each at most once, and the blocks must fill the field exactly.
+ExtraBlocks parse_extra(std::span<const std::byte> extra, std::size_t index, std::string_view name,
+                        const char* where) {
+  ExtraBlocks blocks;
+  bool seen_padding = false;
+  std::size_t pos = 0;
+  while (pos < extra.size()) {
+    if (extra.size() - pos < zip::kExtraBlockHeaderSize) {
+      fail(ErrorCode::zip_extra_field_invalid, entry_label(index, name), ": ", where, " extra field has ",
+           extra.size() - pos, " stray bytes at offset ", pos);
+    }
+    const std::uint16_t id = load_u16(extra, pos);
+    const std::uint16_t length = load_u16(extra, pos + 2);
+    pos += zip::kExtraBlockHeaderSize;
+    if (length > extra.size() - pos) {
+      fail(ErrorCode::zip_extra_field_invalid, entry_label(index, name), ": ", where, " extra block 0x", std::hex,
+           id, std::dec, " claims ", length, " bytes but ", extra.size() - pos, " remain");
+    }
+    if (id == zip::kZip64ExtraId && !blocks.zip64) {
+      blocks.zip64 = extra.subspan(pos, length);
+    } else if (id == zip::kPaddingExtraId && !seen_padding) {
+      seen_padding = true;
+    } else {
+      fail(ErrorCode::zip_extra_field_invalid, entry_label(index, name), ": ", where, " extra block 0x", std::hex,
+           id, std::dec, " is repeated or not one PyTorch writes (zip64 0x0001, padding 0x4246)");
+    }
+    pos += length;
+  }
+  return blocks;
+}
+
+// ---- end records ---------------------------------------------------------------
+
+struct DirectoryBounds {
+  std::uint64_t entry_count = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  // Where the directory must end: the zip64 end record, or the end record.
+  std::uint64_t end = 0;
+};
+
+DirectoryBounds read_end_records(std::span<const std::byte> file) {
+  const std::uint64_t file_size = file.size();
+  if (file_size < zip::kEndSize) {
+    fail(ErrorCode::zip_eocd_missing, "zip file of ", file_size, " bytes is too short for an end record");
+  }
+  const std::uint64_t end_offset = file_size - zip::kEndSize;
+  if (load_u32(file, end_offset) != zip::kEndSignature) {
+    // Tell "an end record followed by a comment or junk" from "no end record
+    // at all"; a comment is at most 65535 bytes, which bounds the scan.
+    const std::uint64_t lowest = end_offset > 0xFFFF ? end_offset - 0xFFFF : 0;
+    for (std::uint64_t at = end_offset; at-- > lowest;) {
+      if (load_u32(file, at) == zip::kEndSignature) {
+        fail(ErrorCode::zip_trailing_data, "zip end record at offset ", at, " is followed by ",
+             file_size - at - zip::kEndSize, " bytes (a comment or trailing data)");
+      }
+    }
+    fail(ErrorCode::zip_eocd_missing, "no zip end record at offset ", end_offset, " (file size ", file_size, ")");
+  }
+  const std::uint16_t disk = load_u16(file, end_offset + 4);
+  const std::uint16_t directory_disk = load_u16(file, end_offset + 6);
+  const std::uint16_t count_this_disk = load_u16(file, end_offset + 8);
+  const std::uint16_t count16 = load_u16(file, end_offset + 10);
+  const std::uint32_t size32 = load_u32(file, end_offset + 12);
+  const std::uint32_t offset32 = load_u32(file, end_offset + 16);
+  const std::uint16_t comment_size = load_u16(file, end_offset + 20);
+  if (comment_size != 0) {
+    fail(ErrorCode::zip_trailing_data, "zip end record declares a ", comment_size, "-byte comment");
+  }
+  if (disk != 0 || directory_disk != 0 || count_this_disk != count16) {
+    fail(ErrorCode::zip_multi_disk, "zip end record: disk ", disk, ", directory disk ", directory_disk, ", ",
+         count_this_disk, " entries on this disk of ", count16, " (a single-disk archive has 0, 0, equal counts)");
+  }
+
+  const bool has_locator = file_size >= zip::kEndSize + zip::kZip64LocatorSize &&
+                           load_u32(file, end_offset - zip::kZip64LocatorSize) == zip::kZip64LocatorSignature;
+  if (!has_locator) return {count16, offset32, size32, end_offset};
+
+  const std::uint64_t locator_offset = end_offset - zip::kZip64LocatorSize;
+  const std::uint32_t zip64_end_disk = load_u32(file, locator_offset + 4);
+  const std::uint64_t zip64_end_offset = load_u64(file, locator_offset + 8);
+  const std::uint32_t total_disks = load_u32(file, locator_offset + 16);
+  if (zip64_end_disk != 0 || total_disks != 1) {
+    fail(ErrorCode::zip64_locator_invalid, "zip64 locator: end record on disk ", zip64_end_disk, ", ", total_disks,
+         " disks in total (must be 0 and 1)");
+  }
+  if (zip64_end_offset > locator_offset || locator_offset - zip64_end_offset < zip::kZip64EndSize) {
+    fail(ErrorCode::zip64_eocd_invalid, "zip64 end record offset ", zip64_end_offset, " leaves no room for ",
+         zip::kZip64EndSize, " bytes before the locator at ", locator_offset);
+  }
+  if (load_u32(file, zip64_end_offset) != zip::kZip64EndSignature) {
+    fail(ErrorCode::zip64_eocd_invalid, "no zip64 end record signature at offset ", zip64_end_offset);
+  }
+  const std::uint64_t record_size = load_u64(file, zip64_end_offset + 4);
+  const std::uint32_t disk64 = load_u32(file, zip64_end_offset + 16);
+  const std::uint32_t directory_disk64 = load_u32(file, zip64_end_offset + 20);
+  const std::uint64_t count_this_disk64 = load_u64(file, zip64_end_offset + 24);
+  const std::uint64_t count64 = load_u64(file, zip64_end_offset + 32);
+  const std::uint64_t size64 = load_u64(file, zip64_end_offset + 40);
+  const std::uint64_t offset64 = load_u64(file, zip64_end_offset + 48);
+  // The record (with any extensible data) must end exactly at the locator:
+  // bytes between the two would be unaccounted for.
+  if (record_size < zip::kZip64EndSizeField ||
+      record_size != locator_offset - zip64_end_offset - zip::kZip64EndLeadingBytes) {
+    fail(ErrorCode::zip64_eocd_invalid, "zip64 end record at ", zip64_end_offset, " has size field ", record_size,
+         " but ", locator_offset - zip64_end_offset - zip::kZip64EndLeadingBytes, " bytes precede the locator");
+  }
+  if (disk64 != 0 || directory_disk64 != 0 || count_this_disk64 != count64) {
+    fail(ErrorCode::zip64_eocd_invalid, "zip64 end record: disk ", disk64, ", directory disk ", directory_disk64,
+         ", ", count_this_disk64, " entries on this disk of ", count64);
+  }
+  if (count16 != zip::kEndCountCap && count16 != count64) {
+    fail(ErrorCode::zip_entry_count_mismatch, "zip end record counts ", count16, " entries, the zip64 end record ",
+         count64);
+  }
+  if ((size32 != zip::kZip64Threshold && size32 != size64) ||
+      (offset32 != zip::kZip64Threshold && offset32 != offset64)) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip end record places the directory at ", offset32, " (",
+         size32, " bytes), the zip64 end record at ", offset64, " (", size64, " bytes)");
+  }
+  return {count64, offset64, size64, zip64_end_offset};
+}
+
+// ---- central directory ---------------------------------------------------------
+
+// Sizes and offset of one central entry after applying its zip64 block, which
+// must hold exactly the fields whose 32-bit slots are saturated, in the order
+// uncompressed size, compressed size, offset.
+struct CentralValues {
+  std::uint64_t uncompressed_size;
+  std::uint64_t compressed_size;
+  std::uint64_t local_header_offset;
+};
+
+CentralValues apply_zip64(const ExtraBlocks& extra, std::uint32_t uncompressed32, std::uint32_t compressed32,
+                          std::uint32_t offset32, std::size_t index, std::string_view name) {
+  CentralValues values{uncompressed32, compressed32, offset32};
+  std::uint64_t* slots[] = {&values.uncompressed_size, &values.compressed_size, &values.local_header_offset};
+  std::size_t needed = 0;
+  for (std::uint64_t* slot : slots) needed += (*slot == zip::kZip64Threshold) ? 8 : 0;
+  if (!extra.zip64) {
+    if (needed == 0) return values;
+    fail(ErrorCode::zip_extra_field_invalid, entry_label(index, name),
+         ": 32-bit size or offset is 0xFFFFFFFF but there is no zip64 block");
+  }
+  if (extra.zip64->size() != needed) {
+    fail(ErrorCode::zip_extra_field_invalid, entry_label(index, name), ": zip64 block has ", extra.zip64->size(),
+         " bytes; the saturated 32-bit fields call for ", needed);
+  }
+  std::size_t pos = 0;
+  for (std::uint64_t* slot : slots) {
+    if (*slot != zip::kZip64Threshold) continue;
+    *slot = load_u64(*extra.zip64, pos);
+    pos += 8;
+  }
+  return values;
+}
+
+// Parses central entry `index` at `pos` (inside [pos, directory_end)) into
+// `entry` and returns the offset of the next one. Also settles the archive
+// folder from entry 0.
+std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t pos, std::uint64_t directory_end,
+                                 std::size_t index, ZipArchive& archive, ZipEntry& entry) {
+  if (directory_end - pos < zip::kCentralHeaderSize) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip central directory ends inside entry ", index, " (offset ",
+         pos, ")");
+  }
+  if (load_u32(file, pos) != zip::kCentralHeaderSignature) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip central directory entry ", index, " at offset ", pos,
+         " has no signature");
+  }
+  const std::uint16_t flags = load_u16(file, pos + 8);
+  const std::uint16_t method = load_u16(file, pos + 10);
+  const std::uint32_t crc = load_u32(file, pos + 16);
+  const std::uint32_t compressed32 = load_u32(file, pos + 20);
+  const std::uint32_t uncompressed32 = load_u32(file, pos + 24);
+  const std::uint16_t name_size = load_u16(file, pos + 28);
+  const std::uint16_t extra_size = load_u16(file, pos + 30);
+  const std::uint16_t comment_size = load_u16(file, pos + 32);
+  const std::uint16_t disk = load_u16(file, pos + 34);
+  const std::uint32_t offset32 = load_u32(file, pos + 42);
+
+  const std::uint64_t variable_size = std::uint64_t{name_size} + extra_size + comment_size;
+  if (directory_end - pos - zip::kCentralHeaderSize < variable_size) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip central directory entry ", index, " at offset ", pos,
+         " runs past the end of the directory");
+  }
+  const std::string_view name = text_at(file, pos + zip::kCentralHeaderSize, name_size);
+  const auto extra = file.subspan(pos + zip::kCentralHeaderSize + name_size, extra_size);
+
+  if (flags & zip::kEncryptionFlags) {
+    fail(ErrorCode::zip_encrypted, entry_label(index, name), ": flags 0x", std::hex, flags, std::dec,
+         " mark it encrypted");
+  }
+  if (flags & ~zip::kAllowedFlags) {
+    fail(ErrorCode::zip_unsupported_flags, entry_label(index, name), ": flags 0x", std::hex, flags, std::dec,
+         " (only bits 3 and 11 are allowed)");
+  }
+  if (method != zip::kMethodStored) {
+    fail(ErrorCode::zip_compressed, entry_label(index, name), ": compression method ", method,
+         " (PyTorch records are stored, method 0)");
+  }
+  if (disk != 0) fail(ErrorCode::zip_multi_disk, entry_label(index, name), ": starts on disk ", disk);
+
+  const CentralValues values =
+      apply_zip64(parse_extra(extra, index, name, "central"), uncompressed32, compressed32, offset32, index, name);
+  if (values.compressed_size != values.uncompressed_size) {
+    fail(ErrorCode::zip_size_mismatch, entry_label(index, name), ": compressed size ", values.compressed_size,
+         " differs from uncompressed size ", values.uncompressed_size);
+  }
+
+  check_name_characters(index, name);
+  std::string_view rest;
+  if (index == 0) {
+    const std::size_t slash = name.find('/');
+    if (slash == std::string_view::npos) {
+      fail(ErrorCode::zip_archive_folder_invalid, entry_label(index, name),
+           ": name has no top-level archive folder");
+    }
+    check_component(index, name, name.substr(0, slash));
+    archive.archive_name = std::string(name.substr(0, slash));
+    rest = name.substr(slash + 1);
+  } else {
+    const std::string_view folder = archive.archive_name;
+    if (name.size() <= folder.size() || name.substr(0, folder.size()) != folder || name[folder.size()] != '/') {
+      fail(ErrorCode::zip_archive_folder_invalid, entry_label(index, name), ": not inside archive folder '",
+           printable(folder), "/' taken from entry 0");
+    }
+    rest = name.substr(folder.size() + 1);
+  }
+  if (rest.empty()) {
+    fail(ErrorCode::zip_archive_folder_invalid, entry_label(index, name),
+         ": a bare directory entry (strict archives hold only records)");
+  }
+  check_record_components(index, name, rest);
+
+  entry.name = std::string(name);
+  entry.record = std::string(rest);
+  entry.local_header_offset = values.local_header_offset;
+  entry.size = values.uncompressed_size;
+  entry.crc32 = crc;
+  entry.flags = flags;
+  return pos + zip::kCentralHeaderSize + variable_size;
+}
+
+// Sorts entries by folded record name into archive.record_order and rejects
+// names that repeat, exactly or up to ASCII case (PyTorch looks records up
+// case-insensitively, so either kind makes a lookup ambiguous).
+void index_records(ZipArchive& archive) {
+  const auto& entries = archive.entries;
+  auto& order = archive.record_order;
+  order.resize(entries.size());
+  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    const int folded = compare_folded(entries[a].record, entries[b].record);
+    return folded != 0 ? folded < 0 : a < b;
+  });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const ZipEntry& first = entries[order[k - 1]];
+    const ZipEntry& second = entries[order[k]];
+    if (compare_folded(first.record, second.record) != 0) continue;
+    if (first.name == second.name) {
+      fail(ErrorCode::zip_name_duplicate, entry_label(order[k], second.name), ": same name as entry ", order[k - 1]);
+    }
+    fail(ErrorCode::zip_name_case_duplicate, entry_label(order[k], second.name), ": differs only in case from ",
+         entry_label(order[k - 1], first.name));
+  }
+}
+
+// ---- local headers and layout --------------------------------------------------
+
+// Checks entry `index`'s local header, payload bounds and data descriptor and
+// fills data_offset and end_offset. Nothing of the entry may reach
+// `directory_offset`.
+void read_local_entry(std::span<const std::byte> file, std::uint64_t directory_offset, std::size_t index,
+                      ZipEntry& entry) {
+  const std::uint64_t file_size = file.size();
+  const std::uint64_t lho = entry.local_header_offset;
+  if (lho > file_size || file_size - lho < zip::kLocalHeaderSize) {
+    fail(ErrorCode::zip_local_header_invalid, entry_label(index, entry.name), ": local header offset ", lho,
+         " is outside the ", file_size, "-byte file");
+  }
+  if (load_u32(file, lho) != zip::kLocalHeaderSignature) {
+    fail(ErrorCode::zip_local_header_invalid, entry_label(index, entry.name), ": no local header signature at ",
+         lho);
+  }
+  const std::uint16_t flags = load_u16(file, lho + 6);
+  const std::uint16_t method = load_u16(file, lho + 8);
+  const std::uint32_t crc = load_u32(file, lho + 14);
+  const std::uint32_t compressed32 = load_u32(file, lho + 18);
+  const std::uint32_t uncompressed32 = load_u32(file, lho + 22);
+  const std::uint16_t name_size = load_u16(file, lho + 26);
+  const std::uint16_t extra_size = load_u16(file, lho + 28);
+  const std::uint64_t header_end = lho + zip::kLocalHeaderSize + name_size + extra_size;  // < 2^64: lho <= size
+  if (header_end > file_size) {
+    fail(ErrorCode::zip_local_header_invalid, entry_label(index, entry.name), ": local header at ", lho,
+         " runs past the end of the file");
+  }
+  const std::string_view local_name = text_at(file, lho + zip::kLocalHeaderSize, name_size);
+  if (local_name != entry.name) {
+    fail(ErrorCode::zip_local_header_mismatch, entry_label(index, entry.name), ": local header names '",
+         printable(local_name), "'");
+  }
+  if (flags != entry.flags || method != zip::kMethodStored) {
+    fail(ErrorCode::zip_local_header_mismatch, entry_label(index, entry.name), ": local flags 0x", std::hex, flags,
+         " method ", method, ", central flags 0x", entry.flags, " method 0", std::dec);
+  }
+  // The local CRC and sizes are a second copy of the central ones and must
+  // agree. With a descriptor they may instead be zero, as miniz writes them.
+  // A saturated size defers to the zip64 block, whose contents miniz does
+  // not keep consistent and which are not compared.
+  {
+    const bool zero_allowed = (flags & zip::kFlagDataDescriptor) != 0;
+    const auto size_agrees = [&](std::uint32_t local) {
+      return local == zip::kZip64Threshold || local == entry.size || (zero_allowed && local == 0);
+    };
+    const bool crc_agrees = crc == entry.crc32 || (zero_allowed && crc == 0);
+    if (!crc_agrees || !size_agrees(compressed32) || !size_agrees(uncompressed32)) {
+      fail(ErrorCode::zip_local_header_mismatch, entry_label(index, entry.name), ": local CRC ", crc, " sizes ",
+           compressed32, "/", uncompressed32, ", central CRC ", entry.crc32, " size ", entry.size);
+    }
+  }
+  const ExtraBlocks extra =
+      parse_extra(file.subspan(lho + zip::kLocalHeaderSize + name_size, extra_size), index, entry.name, "local");
+
+  entry.data_offset = header_end;
+  const std::uint64_t data_end = add_or_fail(header_end, entry.size, ErrorCode::zip_entries_overlap,
+                                             entry_label(index, entry.name) + " payload end");
+  if (data_end > directory_offset) {
+    fail(ErrorCode::zip_entries_overlap, entry_label(index, entry.name), ": payload [", header_end, ", ", data_end,
+         ") runs into the central directory at ", directory_offset);
+  }
+  entry.end_offset = data_end;
+  if (!(flags & zip::kFlagDataDescriptor) || entry.size == 0) return;
+
+  // The descriptor's signature is optional in the zip spec; its sizes are
+  // 64-bit exactly when the local header carries a zip64 block.
+  std::uint64_t pos = data_end;
+  if (directory_offset - pos >= 4 && load_u32(file, pos) == zip::kDataDescriptorSignature) pos += 4;
+  const std::uint64_t width = extra.zip64 ? 8 : 4;
+  if (directory_offset - pos < 4 + 2 * width) {
+    fail(ErrorCode::zip_entries_overlap, entry_label(index, entry.name), ": data descriptor at ", data_end,
+         " runs into the central directory at ", directory_offset);
+  }
+  const std::uint32_t descriptor_crc = load_u32(file, pos);
+  const std::uint64_t descriptor_compressed = load_le(file, pos + 4, static_cast<int>(width));
+  const std::uint64_t descriptor_uncompressed = load_le(file, pos + 4 + width, static_cast<int>(width));
+  if (descriptor_crc != entry.crc32 || descriptor_compressed != entry.size || descriptor_uncompressed != entry.size) {
+    fail(ErrorCode::zip_descriptor_mismatch, entry_label(index, entry.name), ": data descriptor says CRC ",
+         descriptor_crc, " sizes ", descriptor_compressed, "/", descriptor_uncompressed, ", central directory CRC ",
+         entry.crc32, " size ", entry.size);
+  }
+  entry.end_offset = pos + 4 + 2 * width;
+}
+
+// Entries must be disjoint and, as PyTorch writes them, tile [0, cd_offset)
+// with no byte unaccounted for (no room for a polyglot payload).
+void check_layout(const ZipArchive& archive) {
+  const auto& entries = archive.entries;
+  std::vector<std::uint32_t> by_offset(entries.size());
+  for (std::uint32_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
+  const auto earlier = [&](std::uint32_t a, std::uint32_t b) {
+    return entries[a].local_header_offset < entries[b].local_header_offset;
+  };
+  if (!std::is_sorted(by_offset.begin(), by_offset.end(), earlier)) {
+    std::stable_sort(by_offset.begin(), by_offset.end(), earlier);
+  }
+  std::uint64_t covered = 0;
+  for (std::size_t k = 0; k < by_offset.size(); ++k) {
+    const ZipEntry& entry = entries[by_offset[k]];
+    if (k > 0 && entry.local_header_offset < covered) {
+      const std::uint32_t previous = by_offset[k - 1];
+      fail(ErrorCode::zip_entries_overlap, entry_label(by_offset[k], entry.name), " starts at ",
+           entry.local_header_offset, ", inside ", entry_label(previous, entries[previous].name), " which ends at ",
+           covered);
+    }
+    if (entry.local_header_offset != covered) {
+      fail(ErrorCode::zip_gap, entry_label(by_offset[k], entry.name), " starts at ", entry.local_header_offset,
+           "; bytes [", covered, ", ", entry.local_header_offset, ") belong to no entry");
+    }
+    covered = entry.end_offset;
+  }
+  if (covered != archive.central_directory_offset) {
+    fail(ErrorCode::zip_gap, "bytes [", covered, ", ", archive.central_directory_offset,
+         ") between the last entry and the central directory belong to no entry");
+  }
+}
+
+}  // namespace
+
+const ZipEntry* ZipArchive::find(std::string_view record) const {
+  if (record_order.size() != entries.size()) {
+    for (const ZipEntry& entry : entries) {
+      if (entry.record == record) return &entry;
+    }
+    return nullptr;
+  }
+  const auto it = std::lower_bound(record_order.begin(), record_order.end(), record, [&](std::uint32_t index,
+                                                                                         std::string_view key) {
+    return compare_folded(entries[index].record, key) < 0;
+  });
+  // Folded names are unique in an archive read_zip_directory accepted, so
+  // the exact match, if any, is the first folded match.
+  for (auto candidate = it; candidate != record_order.end(); ++candidate) {
+    const ZipEntry& entry = entries[*candidate];
+    if (compare_folded(entry.record, record) != 0) break;
+    if (entry.record == record) return &entry;
+  }
+  return nullptr;
+}
+
+ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits) {
+  // An archive without entries is nothing but its end record; name that
+  // precisely rather than as a missing local header.
+  const bool bare_end_record = file.size() == zip::kEndSize && load_u32(file, 0) == zip::kEndSignature;
+  if (!bare_end_record && (file.size() < 4 || load_u32(file, 0) != zip::kLocalHeaderSignature)) {
+    fail(ErrorCode::zip_local_header_invalid, "zip file does not start with a local header signature");
+  }
+
+  const DirectoryBounds bounds = read_end_records(file);
+  if (bounds.entry_count == 0) fail(ErrorCode::zip_empty, "zip archive has no entries");
+  // Entries are indexed with 32-bit positions; no real archive comes near.
+  if (bounds.entry_count > limits.max_records || bounds.entry_count > UINT32_MAX) {
+    fail(ErrorCode::zip_too_many_entries, "zip archive has ", bounds.entry_count, " entries (limit ",
+         limits.max_records, ")");
+  }
+  const auto directory_end = detail::checked_add(bounds.offset, bounds.size);
+  if (!directory_end || *directory_end != bounds.end) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip central directory at ", bounds.offset, " (", bounds.size,
+         " bytes) does not end where the end records start (", bounds.end, ")");
+  }
+  if (bounds.size > limits.max_central_directory_bytes) {
+    fail(ErrorCode::zip_central_directory_too_large, "zip central directory is ", bounds.size, " bytes (limit ",
+         limits.max_central_directory_bytes, ")");
+  }
+  if (bounds.entry_count > bounds.size / zip::kCentralHeaderSize) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip central directory of ", bounds.size,
+         " bytes cannot hold the ", bounds.entry_count, " entries the end record counts");
+  }
+
+  ZipArchive archive;
+  archive.central_directory_offset = bounds.offset;
+  archive.central_directory_size = bounds.size;
+  archive.entries.resize(bounds.entry_count);
+  std::uint64_t pos = bounds.offset;
+  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
+    pos = read_central_entry(file, pos, bounds.end, i, archive, archive.entries[i]);
+  }
+  if (pos != bounds.end) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip central directory has ", bounds.end - pos,
+         " bytes after its last entry");
+  }
+  index_records(archive);
+  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
+    read_local_entry(file, bounds.offset, i, archive.entries[i]);
+  }
+  check_layout(archive);
+  return archive;
+}
+
+void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits) {
+  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
+    const ZipEntry& entry = archive.entries[i];
+    if (entry.data_offset > file.size() || file.size() - entry.data_offset < entry.size) {
+      fail(ErrorCode::invalid_argument, entry_label(i, entry.name), " lies outside the given ", file.size(),
+           "-byte file; the archive was read from other bytes");
+    }
+    // An empty payload's CRC is legitimately 0; a zero CRC on anything else
+    // means the writer skipped it (torch 2.x can), and then there is nothing
+    // to verify against.
+    if (entry.crc32 == 0 && entry.size > 0) {
+      if (limits.allow_zero_crc) continue;
+      fail(ErrorCode::zip_crc_missing, entry_label(i, entry.name),
+           ": CRC-32 field is 0 (Limits::allow_zero_crc is off)");
+    }
+    const std::uint32_t actual = io::crc32_of(zip_entry_bytes(file, entry));
+    if (actual != entry.crc32) {
+      fail(ErrorCode::zip_crc_mismatch, entry_label(i, entry.name), ": CRC-32 of the payload is 0x", std::hex,
+           actual, ", the central directory says 0x", entry.crc32);
+    }
+  }
+}
+
+}  // namespace holdpoint::format

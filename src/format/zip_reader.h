@@ -8,6 +8,9 @@
 //
 // Failure contract: throws holdpoint::Error with a zip_* code naming the entry
 // (index and name) and the offset or bound involved.
+//
+// Thread-safety: the functions keep no state; a ZipArchive is a plain value
+// whose const members (find) may be used from several threads at once.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +41,11 @@ struct ZipArchive {
   std::vector<ZipEntry> entries;  // in central directory order
   std::uint64_t central_directory_offset = 0;
   std::uint64_t central_directory_size = 0;
+  // Indices into `entries` ordered by ASCII-lowercased record name, so that
+  // find() is a binary search (archives may hold a million records, and the
+  // .pt reader looks up every storage). read_zip_directory fills it; an
+  // archive assembled by hand may leave it empty and find() then scans.
+  std::vector<std::uint32_t> record_order;
 
   // The entry whose record name is exactly `record`, or nullptr.
   const ZipEntry* find(std::string_view record) const;

@@ -8,9 +8,14 @@
 // passes payload bytes straight to the sink (computing CRC-32 on the way), and
 // end_record() writes the data descriptor. Nothing is buffered beyond headers.
 //
-// Failure contract: misuse (wrong byte count, record after finish, duplicate
-// name) throws Error(write_state_invalid / invalid_argument); sink errors
-// propagate. finish() and abandon() are explicit; the destructor does no I/O.
+// Failure contract: calls out of order (a record after finish, end_record
+// before all bytes, finish with no record) throw Error(write_state_invalid);
+// bad arguments (too many bytes, an empty, over-long or duplicate name) throw
+// Error(invalid_argument) and leave the writer usable. Sink errors propagate
+// and leave the writer abandoned. finish() and abandon() are explicit; the
+// destructor does no I/O.
+//
+// Thread-safety: none; one writer per thread.
 #pragma once
 
 #include <cstddef>
@@ -59,13 +64,21 @@ class ZipWriter {
   enum class State { idle, in_record, finished, abandoned };
 
   void check_state(State expected, const char* operation) const;
-  void write_raw(std::span<const std::byte> bytes);
+  // Every byte of the archive goes through here, so offset_ is exact; a
+  // throwing sink leaves the writer abandoned.
+  void write_raw(std::span<const std::byte> bytes, bool stable = false);
+  void write_payload(std::span<const std::byte> bytes, bool stable);
 
   io::ByteSink& sink_;
   std::string archive_name_;
   std::vector<Entry> entries_;
+  // ASCII-lowercased full names: the reader rejects names that differ only in
+  // case (PyTorch looks records up case-insensitively), so the writer must
+  // never produce them.
   std::unordered_set<std::string> names_;
   State state_ = State::idle;
+  // Bytes written so far; zip offsets count from the start of the archive.
+  std::uint64_t offset_ = 0;
   std::uint64_t remaining_ = 0;
   std::uint32_t running_crc_ = 0;
 };
