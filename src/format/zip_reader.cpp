@@ -6,6 +6,7 @@
 #include "common/checked_arithmetic.h"
 #include "common/fail.h"
 #include "format/zip_format.h"
+#include "format/zip_names.h"
 #include "io/crc32.h"
 
 namespace holdpoint::format {
@@ -80,63 +81,13 @@ int compare_folded(std::string_view a, std::string_view b) {
 
 // ---- names ---------------------------------------------------------------------
 
-// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF)
-// with no control characters (C0, DEL, C1) and no backslash, which Windows
-// tools treat as a separator.
 void check_name_characters(std::size_t index, std::string_view name) {
-  if (name.empty() || name.size() > zip::kMaxNameBytes) {
-    fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": name is ", name.size(), " bytes (must be 1..",
-         zip::kMaxNameBytes, ")");
-  }
-  if (name.front() == '/') fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": name starts with '/'");
-  std::size_t i = 0;
-  while (i < name.size()) {
-    const auto lead = static_cast<unsigned char>(name[i]);
-    std::uint32_t code_point = 0;
-    std::size_t length = 0;
-    std::uint32_t minimum = 0;
-    if (lead < 0x80) {
-      code_point = lead;
-      length = 1;
-    } else if ((lead & 0xE0) == 0xC0) {
-      code_point = lead & 0x1F;
-      length = 2;
-      minimum = 0x80;
-    } else if ((lead & 0xF0) == 0xE0) {
-      code_point = lead & 0x0F;
-      length = 3;
-      minimum = 0x800;
-    } else if ((lead & 0xF8) == 0xF0) {
-      code_point = lead & 0x07;
-      length = 4;
-      minimum = 0x10000;
-    } else {
-      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i, " is not valid UTF-8");
-    }
-    if (length > name.size() - i) {
-      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": UTF-8 sequence at byte ", i, " is truncated");
-    }
-    for (std::size_t k = 1; k < length; ++k) {
-      const auto continuation = static_cast<unsigned char>(name[i + k]);
-      if ((continuation & 0xC0) != 0x80) {
-        fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i + k, " is not valid UTF-8");
-      }
-      code_point = (code_point << 6) | (continuation & 0x3F);
-    }
-    if (code_point < minimum || code_point > 0x10FFFF || (code_point >= 0xD800 && code_point <= 0xDFFF)) {
-      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i,
-           " starts an overlong, surrogate or out-of-range UTF-8 sequence");
-    }
-    if (code_point < 0x20 || (code_point >= 0x7F && code_point <= 0x9F)) {
-      fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": byte ", i, " is a control character");
-    }
-    if (code_point == '\\') fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": name contains '\\'");
-    i += length;
-  }
+  const std::string problem = zip::name_character_problem(name);
+  if (!problem.empty()) fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": ", problem);
 }
 
 void check_component(std::size_t index, std::string_view name, std::string_view component) {
-  if (component.empty() || component == "." || component == "..") {
+  if (!zip::is_valid_path_component(component)) {
     fail(ErrorCode::zip_name_invalid, entry_label(index, name), ": path component '", component,
          "' is empty, '.' or '..'");
   }

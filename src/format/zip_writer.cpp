@@ -5,6 +5,7 @@
 
 #include "common/fail.h"
 #include "format/zip_format.h"
+#include "format/zip_names.h"
 #include "io/crc32.h"
 
 namespace holdpoint::format {
@@ -56,9 +57,9 @@ constexpr std::size_t kCentralDirectoryFlushBytes = 64 * 1024;
 
 ZipWriter::ZipWriter(io::ByteSink& sink, std::string archive_name)
     : sink_(sink), archive_name_(std::move(archive_name)) {
-  if (archive_name_.empty() || archive_name_.find('/') != std::string::npos) {
+  if (archive_name_.find('/') != std::string::npos || !zip::entry_name_problem(archive_name_).empty()) {
     detail::fail(ErrorCode::invalid_argument, "zip archive name '", archive_name_,
-                 "' must be non-empty and contain no '/'");
+                 "' must be one valid path component (no '/', not '.' or '..')");
   }
 }
 
@@ -89,9 +90,10 @@ void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
   check_state(State::idle, "begin_record");
   if (record.empty()) detail::fail(ErrorCode::invalid_argument, "zip record name is empty");
   std::string name = archive_name_ + "/" + std::string(record);
-  if (name.size() > zip::kMaxNameBytes) {
-    detail::fail(ErrorCode::invalid_argument, "zip entry name '", name.substr(0, 64), "...' is ", name.size(),
-                 " bytes (bound ", zip::kMaxNameBytes, ")");
+  // Never write a name the reader would reject.
+  if (const std::string problem = zip::entry_name_problem(name); !problem.empty()) {
+    detail::fail(ErrorCode::invalid_argument, "zip entry name '", name.substr(0, 64),
+                 name.size() > 64 ? "..." : "", "': ", problem);
   }
   std::string folded = ascii_lowercase(name);
   if (names_.contains(folded)) {

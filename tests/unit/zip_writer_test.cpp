@@ -502,6 +502,22 @@ TEST(ZipWriterMisuse, EmptyAndOverlongNamesAreRejected) {
   EXPECT_ERROR_CODE(ZipWriter(sink, "a/b"), ErrorCode::invalid_argument);
 }
 
+// The writer applies the reader's naming rules, so it can never produce an
+// archive that holdpoint itself would reject.
+TEST(ZipWriterMisuse, NamesTheReaderWouldRejectAreRefused) {
+  for (std::string_view record : {"../version", "data/./0", "data//0", "a\\b", "tab\there", "bad\xff", "x/"}) {
+    io::MemorySink sink;
+    ZipWriter writer(sink, "archive");
+    EXPECT_ERROR_CODE(writer.begin_record(record, 0), ErrorCode::invalid_argument) << record;
+  }
+  io::MemorySink sink;
+  EXPECT_ERROR_CODE(ZipWriter(sink, ".."), ErrorCode::invalid_argument);
+  ZipWriter writer(sink, "archive");
+  writer.add_record("data/\xc3\xa9t\xc3\xa9", bytes_of("ok"));
+  writer.finish();
+  EXPECT_EQ(read_zip_directory(sink.bytes(), Limits{}).entries[0].record, "data/\xc3\xa9t\xc3\xa9");
+}
+
 TEST(ZipWriterMisuse, SinkFailureAbandonsTheWriter) {
   FailingSink sink(2);  // local header and one payload write succeed
   ZipWriter writer(sink, "archive");
