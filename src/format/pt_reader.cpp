@@ -128,15 +128,16 @@ std::string describe_producer(const FormatMarkers& markers) {
 
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
                                const Limits& limits) {
-  const ZipArchive archive = read_zip_directory(file, limits);
-
-  // Record policy first, so that a TorchScript archive is always named as one.
-  for (const ZipEntry& entry : archive.entries) {
-    if (is_torchscript_record(entry.record)) {
-      fail(ErrorCode::torchscript_archive, "record '", entry.record,
+  // TorchScript archives are named as such even when they would fail a zip
+  // check first (their code/ records are often deflated).
+  const ZipArchive archive = read_zip_directory(file, limits, [](std::string_view name) {
+    const std::size_t slash = name.find('/');
+    const std::string_view record = slash == std::string_view::npos ? name : name.substr(slash + 1);
+    if (is_torchscript_record(record)) {
+      fail(ErrorCode::torchscript_archive, "record '", record.substr(0, 128),
            "' marks a TorchScript/torch.package archive; it holds code, not just weights");
     }
-  }
+  });
   for (const ZipEntry& entry : archive.entries) {
     const std::string_view record = entry.record;
     const bool known = record == "data.pkl" || record == "version" || record == ".data/version" ||

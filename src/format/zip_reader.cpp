@@ -273,7 +273,8 @@ CentralValues apply_zip64(const ExtraBlocks& extra, std::uint32_t uncompressed32
 // `entry` and returns the offset of the next one. Also settles the archive
 // folder from entry 0.
 std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t pos, std::uint64_t directory_end,
-                                 std::size_t index, ZipArchive& archive, ZipEntry& entry) {
+                                 std::size_t index, ZipArchive& archive, ZipEntry& entry,
+                                 const EntryNameScreen& screen) {
   if (directory_end - pos < zip::kCentralHeaderSize) {
     fail(ErrorCode::zip_central_directory_invalid, "zip central directory ends inside entry ", index, " (offset ",
          pos, ")");
@@ -300,6 +301,7 @@ std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t 
   }
   const std::string_view name = text_at(file, pos + zip::kCentralHeaderSize, name_size);
   const auto extra = file.subspan(pos + zip::kCentralHeaderSize + name_size, extra_size);
+  if (screen) screen(name);
 
   if (flags & zip::kEncryptionFlags) {
     fail(ErrorCode::zip_encrypted, entry_label(index, name), ": flags 0x", std::hex, flags, std::dec,
@@ -522,7 +524,7 @@ const ZipEntry* ZipArchive::find(std::string_view record) const {
   return nullptr;
 }
 
-ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits) {
+ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits, const EntryNameScreen& screen) {
   // An archive without entries is nothing but its end record; name that
   // precisely rather than as a missing local header.
   const bool bare_end_record = file.size() == zip::kEndSize && load_u32(file, 0) == zip::kEndSignature;
@@ -557,7 +559,7 @@ ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& lim
   archive.entries.resize(bounds.entry_count);
   std::uint64_t pos = bounds.offset;
   for (std::size_t i = 0; i < archive.entries.size(); ++i) {
-    pos = read_central_entry(file, pos, bounds.end, i, archive, archive.entries[i]);
+    pos = read_central_entry(file, pos, bounds.end, i, archive, archive.entries[i], screen);
   }
   if (pos != bounds.end) {
     fail(ErrorCode::zip_central_directory_invalid, "zip central directory has ", bounds.end - pos,

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,7 +52,14 @@ struct ZipArchive {
   const ZipEntry* find(std::string_view record) const;
 };
 
-ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits);
+// Called with each central directory entry's raw name as soon as it is in
+// bounds, before that entry's other checks, so a caller can name what an
+// archive is (a TorchScript archive, say) even when a later check would fail.
+// The name is unvalidated bytes; the screen may throw to reject.
+using EntryNameScreen = std::function<void(std::string_view name)>;
+
+ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits,
+                              const EntryNameScreen& screen = {});
 
 // Throws zip_crc_mismatch (or zip_crc_missing for a zero CRC when
 // limits.allow_zero_crc is off) for the first entry whose bytes do not match.

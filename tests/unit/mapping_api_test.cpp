@@ -270,7 +270,7 @@ TEST(RecordPolicy, TorchScriptArchivesAreNamedAsSuch) {
 }
 
 TEST(RecordPolicy, UnknownRecordsAreRejected) {
-  for (const char* record : {"notes.txt", "data/00", "data/1x", "data/-1", "data/", "DATA.PKL2", "data/0/extra"}) {
+  for (const char* record : {"notes.txt", "data/00", "data/1x", "data/-1", "DATA.PKL2", "data/0/extra", "data.pkl.bak"}) {
     auto records = records_of(sample_mapping());
     records.emplace_back(record, bytes_of("x"));
     EXPECT_EQ(parse_error(archive_of(records)), ErrorCode::record_unknown) << record;
