@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "holdpoint/error.h"
 #include "holdpoint/limits.h"
 #include "holdpoint/sha256.h"
 #include "holdpoint/value.h"

@@ -121,7 +121,7 @@ class ZipStorageResolver final : public StorageResolver {
 std::string describe_producer(const FormatMarkers& markers) {
   if (markers.format_version) return "torch >= 2.7 (.format_version record)";
   if (markers.serialization_id) return "torch >= 2.1 (.data/serialization_id record)";
-  if (markers.byteorder) return "torch >= 2.1 (byteorder record)";
+  if (markers.byteorder) return "torch >= 2.1 or holdpoint (byteorder record)";
   if (markers.version && *markers.version < 3) return "torch 1.4-1.5 (opt-in zip, archive version < 3)";
   return "torch 1.6-2.0 or a compatible writer (holdpoint, LibTorch pickle_save)";
 }
