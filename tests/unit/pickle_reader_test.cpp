@@ -1,0 +1,1328 @@
+// The restricted pickle VM: what honest torch.save output it accepts, and
+// every rejection of the format reference §7.4 ("Pickle", "Persistent id",
+// "Tensor geometry") with its own error code.
+#include "format/pickle_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "format/pickle_opcodes.h"
+#include "holdpoint/error.h"
+#include "support/test_support.h"
+#include "unit/pickle_builder.h"
+
+namespace holdpoint::format {
+namespace {
+
+using holdpoint::testing::MemoryStorages;
+using holdpoint::testing::PickleBuilder;
+namespace op = pickle_op;
+
+PickleResult read(const PickleBuilder& pickle, MemoryStorages& storages, const Limits& limits = {},
+                  const PickleOptions& options = {}) {
+  const auto bytes = pickle.bytes();
+  return read_pickle(bytes, storages, limits, options);
+}
+
+PickleResult read(const PickleBuilder& pickle, const Limits& limits = {}, const PickleOptions& options = {}) {
+  MemoryStorages storages;
+  storages.fabricate_missing(1 << 20);
+  return read(pickle, storages, limits, options);
+}
+
+Value read_value(const PickleBuilder& pickle) { return read(pickle).root; }
+
+// One float32 tensor of `numel` elements 0, 1, 2, ... under key "0".
+MemoryStorages float_storage(std::size_t numel, const std::string& key = "0") {
+  MemoryStorages storages;
+  std::vector<float> values(numel);
+  for (std::size_t i = 0; i < numel; ++i) values[i] = static_cast<float>(i);
+  std::vector<std::byte> bytes(numel * 4);
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  storages.add(key, bytes);
+  return storages;
+}
+
+float element(const TensorData& tensor, std::size_t i) {
+  const auto bytes = tensor.contiguous_bytes();
+  float value;
+  std::memcpy(&value, bytes.data() + i * 4, 4);
+  return value;
+}
+
+// ==== accepted forms ========================================================================
+
+TEST(PickleReader, ReadsGoldenMinimalStateDict) {
+  // format reference Appendix A.1: OrderedDict(w=float32[2]) with SETITEM, no memo.
+  PickleBuilder p;
+  p.proto().ordered_dict().str("w").tensor("FloatStorage", "0", 2, 0, {2}, {1}).setitem().stop();
+  auto storages = float_storage(2);
+  const PickleResult result = read(p, storages);
+  ASSERT_TRUE(result.root.is_ordered_dict());
+  const TensorData& w = result.root.as_dict().at("w").as_tensor();
+  EXPECT_EQ(w.dtype, DType::float32);
+  EXPECT_EQ(w.sizes, (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(element(w, 1), 1.0f);
+  EXPECT_EQ(result.protocol, 2);
+  EXPECT_EQ(result.tensor_count, 1u);
+  EXPECT_EQ(result.storage_count, 1u);
+  EXPECT_EQ(result.consumed, p.size());
+  EXPECT_FALSE(result.uses_binfloat);
+}
+
+TEST(PickleReader, ReadsEveryScalarOpcode) {
+  PickleBuilder p;
+  p.proto().mark();
+  p.none().boolean(true).boolean(false);
+  p.op(op::BININT1).u8(200).op(op::BININT2).le(60000, 2).op(op::BININT).le(static_cast<std::uint32_t>(-7), 4);
+  p.long1(std::int64_t{1} << 40, 6).long1(-1, 1).long1(0, 0).long1(INT64_MIN, 8).long1(INT64_MAX, 8);
+  p.op(op::BINFLOAT).u8(0x3f).u8(0xf8).le(0, 6);  // 1.5 big-endian
+  p.str("h\xc3\xa9llo").op(op::SHORT_BINUNICODE).u8(2).raw("ab").op(op::BINUNICODE8).le(1, 8).raw("z");
+  p.op(op::SHORT_BINSTRING).u8(3).raw("py2").op(op::BINSTRING).le(2, 4).raw("s2");
+  p.op(op::SHORT_BINBYTES).u8(2).raw(std::string_view("\x00\xff", 2)).op(op::BINBYTES).le(1, 4).raw("b");
+  p.tuple().stop();
+  const PickleResult result = read(p);
+  EXPECT_TRUE(result.uses_binfloat);
+  const auto& items = result.root.as_list();
+  ASSERT_EQ(items.size(), 19u);
+  EXPECT_TRUE(items[0].is_none());
+  EXPECT_TRUE(items[1].as_bool());
+  EXPECT_FALSE(items[2].as_bool());
+  EXPECT_EQ(items[3].as_int(), 200);
+  EXPECT_EQ(items[4].as_int(), 60000);
+  EXPECT_EQ(items[5].as_int(), -7);
+  EXPECT_EQ(items[6].as_int(), std::int64_t{1} << 40);
+  EXPECT_EQ(items[7].as_int(), -1);
+  EXPECT_EQ(items[8].as_int(), 0);
+  EXPECT_EQ(items[9].as_int(), INT64_MIN);
+  EXPECT_EQ(items[10].as_int(), INT64_MAX);
+  EXPECT_EQ(items[11].as_double(), 1.5);
+  EXPECT_EQ(items[12].as_string(), "h\xc3\xa9llo");
+  EXPECT_EQ(items[13].as_string(), "ab");
+  EXPECT_EQ(items[14].as_string(), "z");
+  EXPECT_EQ(items[15].as_string(), "py2");
+  EXPECT_EQ(items[16].as_string(), "s2");
+  EXPECT_EQ(items[17].as_bytes(), std::string_view("\x00\xff", 2));
+  EXPECT_EQ(items[18].as_bytes(), "b");
+}
+
+TEST(PickleReader, ReadsProtocolZeroAndOneTextIntegers) {
+  // No PROTO: protocol 0/1 files use INT ("I01" is True) and LONG ("L...L").
+  PickleBuilder p;
+  p.mark().raw("I00\n").op(op::INT).raw("01\n").op(op::INT).raw("42\n").op(op::INT).raw("-7\n");
+  p.op(op::LONG).raw("123456789012L\n").op(op::LONG).raw("-5L\n").tuple().stop();
+  const PickleResult result = read(p);
+  EXPECT_EQ(result.protocol, 0);
+  const auto& items = result.root.as_list();
+  ASSERT_EQ(items.size(), 6u);
+  EXPECT_FALSE(items[0].as_bool());
+  EXPECT_TRUE(items[1].as_bool());
+  EXPECT_EQ(items[2].as_int(), 42);
+  EXPECT_EQ(items[3].as_int(), -7);
+  EXPECT_EQ(items[4].as_int(), 123456789012);
+  EXPECT_EQ(items[5].as_int(), -5);
+}
+
+TEST(PickleReader, ReadsProtocolFourFramesMemoizeAndStackGlobal) {
+  // The shape of gopickle_t1.13_zip_int8_proto4: FRAME, SHORT_BINUNICODE,
+  // MEMOIZE and STACK_GLOBAL instead of GLOBAL.
+  PickleBuilder body;
+  const auto short_str = [&](std::string_view s) {
+    body.op(op::SHORT_BINUNICODE).u8(static_cast<std::uint8_t>(s.size())).raw(s).op(op::MEMOIZE);
+  };
+  short_str("torch._utils");
+  short_str("_rebuild_tensor_v2");
+  body.op(op::STACK_GLOBAL).op(op::MEMOIZE).mark().mark();
+  short_str("storage");
+  short_str("torch");
+  short_str("CharStorage");
+  body.op(op::STACK_GLOBAL).op(op::MEMOIZE);
+  short_str("0");
+  short_str("cpu");
+  body.integer(3).tuple().op(op::MEMOIZE).binpersid().integer(0).integer(3).tuple1().integer(1).tuple1();
+  body.boolean(false);
+  short_str("collections");
+  short_str("OrderedDict");
+  body.op(op::STACK_GLOBAL).empty_tuple().reduce().tuple().reduce().stop();
+  PickleBuilder p;
+  p.proto(4).op(op::FRAME).le(body.size(), 8);
+  for (std::byte b : body.bytes()) p.u8(std::to_integer<std::uint8_t>(b));
+  MemoryStorages storages;
+  storages.add("0", holdpoint::testing::bytes_of("\x01\x02\x03"));
+  const PickleResult result = read(p, storages);
+  EXPECT_EQ(result.protocol, 4);
+  EXPECT_EQ(result.root.as_tensor().dtype, DType::int8);
+  EXPECT_EQ(result.root.as_tensor().contiguous_bytes(), holdpoint::testing::bytes_of("\x01\x02\x03"));
+}
+
+TEST(PickleReader, AcceptsProtocolsTwoToFive) {
+  for (int version : {2, 3, 4, 5}) {
+    SCOPED_TRACE(version);
+    PickleBuilder p;
+    p.proto(version).none().stop();
+    EXPECT_EQ(read(p).protocol, version);
+  }
+}
+
+TEST(PickleReader, ReadsStateDictMetadataBuild) {
+  // nn.Module.state_dict(): BUILD of {'_metadata': OrderedDict(prefix -> {'version': int})}.
+  PickleBuilder p;
+  p.proto().global("collections", "OrderedDict").binput(0).empty_tuple().reduce().binput(1);
+  p.str("w").tensor("FloatStorage", "0", 2, 0, {2}, {1}).setitem();
+  p.empty_dict().str("_metadata").binget(0).empty_tuple().reduce();
+  p.mark().str("").empty_dict().str("version").integer(1).setitem();
+  p.str("fc").empty_dict().str("version").integer(2).setitem().setitems();
+  p.setitem().build().stop();
+  const Value root = read_value(p);
+  ASSERT_TRUE(root.is_ordered_dict());
+  ASSERT_TRUE(root.as_dict().metadata());
+  const Value& metadata = *root.as_dict().metadata();
+  EXPECT_EQ(metadata.as_dict().at("fc").as_dict().at("version").as_int(), 2);
+  EXPECT_EQ(metadata.as_dict().at("").as_dict().at("version").as_int(), 1);
+}
+
+TEST(PickleReader, TiedTensorsShareOneObjectThroughBinget) {
+  PickleBuilder p;
+  p.proto().empty_dict().mark().str("a").tensor("FloatStorage", "0", 4, 0, {4}, {1}).binput(0);
+  p.str("b").binget(0).setitems().stop();
+  auto storages = float_storage(4);
+  const PickleResult result = read(p, storages);
+  EXPECT_EQ(result.root.as_dict().at("a").tensor_ptr(), result.root.as_dict().at("b").tensor_ptr());
+  EXPECT_EQ(result.tensor_count, 1u);
+}
+
+TEST(PickleReader, ViewsOfOneKeyShareOneStorage) {
+  // format reference §2.3: t, t[1:3] and t.view(2,2).t() all name key '0'.
+  PickleBuilder p;
+  p.proto().mark();
+  p.tensor("FloatStorage", "0", 4, 0, {4}, {1});
+  p.tensor("FloatStorage", "0", 4, 1, {2}, {1});
+  p.tensor("FloatStorage", "0", 4, 0, {2, 2}, {1, 2});
+  p.tuple().stop();
+  auto storages = float_storage(4);
+  const PickleResult result = read(p, storages);
+  EXPECT_EQ(storages.resolve_calls, 1);
+  EXPECT_EQ(result.storage_count, 1u);
+  EXPECT_EQ(result.tensor_count, 3u);
+  const auto& items = result.root.as_list();
+  EXPECT_EQ(items[0].as_tensor().storage, items[1].as_tensor().storage);
+  EXPECT_EQ(items[0].as_tensor().storage, items[2].as_tensor().storage);
+  EXPECT_EQ(element(items[1].as_tensor(), 0), 1.0f);
+  EXPECT_FALSE(items[2].as_tensor().is_contiguous());
+  EXPECT_EQ(element(items[2].as_tensor(), 1), 2.0f);  // [[0,2],[1,3]] in C order
+}
+
+TEST(PickleReader, ReadsZeroDimensionalAndEmptyTensors) {
+  PickleBuilder p;
+  p.proto().mark();
+  p.tensor("FloatStorage", "0", 3, 2, {}, {});          // 0-d at the last element
+  p.tensor("FloatStorage", "0", 3, 3, {0, 3}, {3, 1});  // empty, offset == storage numel
+  p.tensor("FloatStorage", "0", 3, 0, {std::int64_t{1} << 40, 0}, {1, 1});
+  p.tuple().stop();
+  auto storages = float_storage(3);
+  const Value root = read(p, storages).root;
+  const auto& items = root.as_list();
+  EXPECT_EQ(items[0].as_tensor().numel(), 1);
+  EXPECT_EQ(element(items[0].as_tensor(), 0), 2.0f);
+  EXPECT_EQ(items[1].as_tensor().numel(), 0);
+  EXPECT_EQ(items[2].as_tensor().numel(), 0);
+}
+
+TEST(PickleReader, ReadsRebuildParameter) {
+  PickleBuilder p;
+  p.proto().global("torch._utils", "_rebuild_parameter");
+  p.tensor("FloatStorage", "0", 2, 0, {2}, {1}).boolean(true).ordered_dict().tuple3().reduce().stop();
+  auto storages = float_storage(2);
+  const Value root = read(p, storages).root;
+  const TensorData& t = root.as_tensor();
+  EXPECT_TRUE(t.is_parameter);
+  EXPECT_TRUE(t.requires_grad);
+}
+
+TEST(PickleReader, ReadsRebuildTensorV3WithUntypedStorage) {
+  // torch 2.x dtypes without a storage class: UntypedStorage numel is bytes.
+  PickleBuilder p;
+  p.proto().global("torch._utils", "_rebuild_tensor_v3").mark().pid("UntypedStorage", "0", 6).integer(0);
+  p.int_tuple({3}).int_tuple({1}).boolean(false).ordered_dict().global("torch", "uint16").tuple().reduce().stop();
+  MemoryStorages storages;
+  storages.add("0", holdpoint::testing::bytes_of(std::string_view("\x01\x00\x02\x00\x03\x00", 6)));
+  const Value root = read(p, storages).root;
+  const TensorData& t = root.as_tensor();
+  EXPECT_EQ(t.dtype, DType::uint16);
+  EXPECT_EQ(t.numel(), 3);
+
+  PickleBuilder q;  // the storage.UntypedStorage spelling and a float8 dtype
+  q.proto().global("torch._utils", "_rebuild_tensor_v3").mark();
+  q.mark().str("storage").global("torch.storage", "UntypedStorage").str("0").str("cpu").integer(2).tuple();
+  q.binpersid().integer(0).int_tuple({2}).int_tuple({1}).boolean(true).ordered_dict();
+  q.global("torch", "float8_e4m3fn").empty_dict().tuple().reduce().stop();
+  const Value f8_root = read(q).root;
+  const TensorData& f8 = f8_root.as_tensor();
+  EXPECT_EQ(f8.dtype, DType::float8_e4m3fn);
+  EXPECT_TRUE(f8.requires_grad);
+}
+
+TEST(PickleReader, ReadsPython2OrderedDictReduce) {
+  // Python 2's OrderedDict.__reduce__: OrderedDict([[key, value], ...]).
+  PickleBuilder lists;
+  lists.proto().global("collections", "OrderedDict").empty_list().mark();
+  lists.empty_list().mark().str("a").integer(1).appends().empty_list().mark().str("b").integer(2).appends();
+  lists.appends().tuple1().reduce().stop();
+  const Value root = read_value(lists);
+  ASSERT_TRUE(root.is_ordered_dict());
+  EXPECT_EQ(root.as_dict().at("a").as_int(), 1);
+  EXPECT_EQ(root.as_dict().at("b").as_int(), 2);
+  PickleBuilder tuples;  // a tuple of (key, value) tuples, with a Python 2 str key
+  tuples.proto().global("collections", "OrderedDict").mark().str("a").integer(1).tuple2();
+  tuples.op(op::SHORT_BINSTRING).u8(1).raw("b").integer(2).tuple2().tuple().tuple1().reduce().stop();
+  EXPECT_TRUE(equal_content(read_value(tuples), root));
+}
+
+TEST(PickleReader, ReadsCodecsEncodeAsBytes) {
+  // bytes at protocol 2: _codecs.encode('\x00\xe9\xff', 'latin1').
+  PickleBuilder p;
+  p.proto().global("_codecs", "encode").str(std::string_view("a\x00\xc3\xa9\xc3\xbf", 6)).str("latin1");
+  p.tuple2().reduce().stop();
+  EXPECT_EQ(read_value(p).as_bytes(), std::string_view("a\x00\xe9\xff", 4));
+}
+
+TEST(PickleReader, ReadsIntKeysNestedContainersAndAppend) {
+  // Optimizer state: {'state': {0: {...}}, 'param_groups': [{'params': [0, 1]}]}.
+  PickleBuilder p;
+  p.proto().empty_dict().mark().str("state").empty_dict().integer(0).empty_dict().str("step").integer(3).setitem();
+  p.setitem().str("param_groups").empty_list().empty_dict().str("params").empty_list().integer(0).append();
+  p.integer(1).append().setitem().append().setitems().stop();
+  const Value root = read_value(p);
+  EXPECT_EQ(root.as_dict().at("state").as_dict().at(DictKey(0)).as_dict().at("step").as_int(), 3);
+  const auto& groups = root.as_dict().at("param_groups").as_list();
+  EXPECT_EQ(groups[0].as_dict().at("params").as_list()[1].as_int(), 1);
+}
+
+TEST(PickleReader, BingetOfImmutableValuesIsAllowed) {
+  PickleBuilder q;
+  q.proto().mark().str("s").binput(0).integer(1).integer(2).tuple2().binput(1).binget(0).binget(1).binget(1);
+  q.tuple().stop();
+  const Value root = read_value(q);
+  const auto& items = root.as_list();
+  ASSERT_EQ(items.size(), 5u);
+  EXPECT_EQ(items[2].as_string(), "s");
+  EXPECT_EQ(items[3].node_identity(), items[4].node_identity());  // shared, not copied
+}
+
+TEST(PickleReader, TrailingBytesAllowedOnRequestReportConsumed) {
+  PickleBuilder p;
+  p.proto().integer(1001).stop().raw("rest of a legacy stream");
+  MemoryStorages storages;
+  const auto bytes = p.bytes();
+  const PickleResult result = read_pickle(bytes, storages, {}, {}, true);
+  EXPECT_EQ(result.root.as_int(), 1001);
+  EXPECT_EQ(result.consumed, 6u);
+  EXPECT_ERROR_CODE(read_pickle(bytes, storages, {}, {}), ErrorCode::pickle_trailing_bytes);
+}
+
+TEST(PickleReader, LegacyPersistentIdsTakeViewMetadataNoneAndPointerKeys) {
+  PickleOptions legacy;
+  legacy.persistent_ids = PersistentIdForm::legacy;
+  legacy.canonical_storage_keys = false;
+  PickleBuilder p;
+  p.proto().global("torch._utils", "_rebuild_tensor_v2").mark();
+  p.mark().str("storage").global("torch", "DoubleStorage").str("94264066933152").str("cuda:0").integer(4).none();
+  p.tuple().binpersid().integer(0).int_tuple({4}).int_tuple({1}).boolean(false).ordered_dict().tuple().reduce().stop();
+  EXPECT_EQ(read(p, {}, legacy).root.as_tensor().dtype, DType::float64);
+  // The 6-tuple is not a zip persistent id.
+  EXPECT_ERROR_CODE(read(p), ErrorCode::persistent_id_invalid);
+}
+
+TEST(PickleReader, AcceptsCudaAndMpsLocations) {
+  for (const char* location : {"cuda", "cuda:0", "cuda:15", "mps"}) {
+    SCOPED_TRACE(location);
+    PickleBuilder p;
+    p.proto().tensor_over("FloatStorage", "0", 1, location).stop();
+    EXPECT_EQ(read(p).root.as_tensor().numel(), 1);
+  }
+}
+
+TEST(PickleReader, RealWeightsOnlyPicklesParse) {
+  // data.pkl of every weights-only zip file in tests/corpus/real_pt (the fuzz seeds).
+  const auto seeds = holdpoint::testing::source_dir() / "fuzz" / "corpus" / "pickle";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(seeds)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("real__", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    const auto bytes = holdpoint::testing::read_file_bytes(entry.path());
+    MemoryStorages storages;
+    storages.fabricate_missing(64 << 20);
+    EXPECT_NO_THROW(read_pickle(bytes, storages, {}));
+    ++count;
+  }
+  EXPECT_GE(count, 20);
+}
+
+TEST(PickleReader, RealPicklesOfPythonObjectsAreRefused) {
+  // Whole modules, Lightning callbacks, numpy RNG state, TrainingArguments, TorchScript.
+  const auto seeds = holdpoint::testing::source_dir() / "fuzz" / "corpus" / "pickle";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(seeds)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("forbidden__", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    const auto bytes = holdpoint::testing::read_file_bytes(entry.path());
+    MemoryStorages storages;
+    storages.fabricate_missing(64 << 20);
+    EXPECT_ERROR_CODE(read_pickle(bytes, storages, {}), ErrorCode::pickle_global_forbidden);
+    ++count;
+  }
+  EXPECT_EQ(count, 6);
+}
+
+TEST(PickleReader, ReadsRealParameterAndViewFiles) {
+  const auto seeds = holdpoint::testing::source_dir() / "fuzz" / "corpus" / "pickle";
+  MemoryStorages storages;
+  storages.fabricate_missing(1 << 20);
+  const auto parameter = holdpoint::testing::read_file_bytes(seeds / "real__burn_parameter_2025-10.pkl");
+  const Value param_root = read_pickle(parameter, storages, {}).root;
+  const TensorData& param = param_root.as_dict().at("param").as_tensor();
+  EXPECT_TRUE(param.is_parameter);
+  EXPECT_TRUE(param.requires_grad);
+  EXPECT_EQ(param.sizes, (std::vector<std::int64_t>{3, 3}));
+
+  MemoryStorages view_storages;
+  view_storages.fabricate_missing(1 << 20);
+  const auto views = holdpoint::testing::read_file_bytes(seeds / "real__burn_non_contiguous_views.pkl");
+  const PickleResult result = read_pickle(views, view_storages, {});
+  const TensorData& permuted = result.root.as_dict().at("permuted").as_tensor();
+  EXPECT_EQ(permuted.sizes, (std::vector<std::int64_t>{2, 4, 3}));
+  EXPECT_EQ(permuted.strides, (std::vector<std::int64_t>{12, 1, 4}));
+  EXPECT_EQ(permuted.storage_offset, 5);
+  EXPECT_EQ(result.root.as_dict().at("expanded").as_tensor().strides, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(result.storage_count, 1u);  // both views name key '0'
+}
+
+// ==== GLOBAL / STACK_GLOBAL ==================================================================
+
+TEST(PickleReader, RejectsGlobalsOutsideTheAllowlist) {
+  const std::vector<std::pair<std::string, std::string>> forbidden = {
+      {"os", "system"},
+      {"posix", "system"},
+      {"nt", "system"},
+      {"__builtin__", "eval"},
+      {"builtins", "eval"},
+      {"builtins", "getattr"},
+      {"builtins", "bytearray"},
+      {"builtins", "set"},
+      {"sys", "modules"},
+      {"subprocess", "Popen"},
+      {"torch", "load"},
+      {"torch", "Tensor"},
+      {"torch", "Size"},
+      {"torch", "device"},
+      {"torch", "EvilStorage"},
+      {"torch.cuda", "FloatStorage"},
+      {"torch.storage", "TypedStorage"},
+      {"torch.storage", "_load_from_bytes"},
+      {"torch.jit._pickle", "restore_type_tag"},
+      {"torch.jit._pickle", "build_intlist"},
+      {"__torch__", "Module"},
+      {"__torch__.torch.nn.modules.linear", "Linear"},
+      {"torch._tensor", "_rebuild_from_type_v2"},
+      {"torch._utils", "_rebuild_tensor"},
+      {"torch._utils", "_rebuild_sparse_tensor"},
+      {"torch._utils", "_rebuild_qtensor"},
+      {"torch._utils", "_rebuild_meta_tensor_no_storage"},
+      {"torch._utils", "_rebuild_parameter_with_state"},
+      {"torch.nn.parameter", "Parameter"},
+      {"numpy.core.multiarray", "_reconstruct"},
+      {"numpy", "ndarray"},
+      {"collections", "Counter"},
+      {"_codecs", "decode"},
+      {"codecs", "encode"},
+      {"torch", "float"},  // an alias, never what torch pickles
+  };
+  for (const auto& [module, name] : forbidden) {
+    SCOPED_TRACE(module + "." + name);
+    PickleBuilder p;
+    p.proto().global(module, name).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_global_forbidden);
+    PickleBuilder q;
+    q.proto(4).str(module).str(name).op(op::STACK_GLOBAL).stop();
+    EXPECT_ERROR_CODE(read(q), ErrorCode::pickle_global_forbidden);
+  }
+}
+
+TEST(PickleReader, RejectsMalformedGlobalNames) {
+  const std::vector<std::pair<std::string, std::string>> malformed = {
+      {"os system", "x"}, {"os", "sys;tem"},  {"", "OrderedDict"}, {"collections", ""},
+      {".os", "x"},       {"os.", "x"},       {"a..b", "x"},       {"1os", "x"},
+      {"os", "a.1b"},     {"col\xc3\xa9", "x"}, {std::string(129, 'a'), "x"},
+  };
+  for (const auto& [module, name] : malformed) {
+    SCOPED_TRACE(module + "|" + name);
+    PickleBuilder p;
+    p.proto().global(module, name).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_global_malformed);
+  }
+  PickleBuilder long_line;  // no newline within 128 bytes
+  long_line.proto().op(op::GLOBAL).raw(std::string(300, 'a')).stop();
+  EXPECT_ERROR_CODE(read(long_line), ErrorCode::pickle_global_malformed);
+  PickleBuilder stack_ints;
+  stack_ints.proto(4).integer(1).integer(2).op(op::STACK_GLOBAL).stop();
+  EXPECT_ERROR_CODE(read(stack_ints), ErrorCode::pickle_global_malformed);
+  PickleBuilder unterminated;  // the stream ends inside the name line
+  unterminated.proto().op(op::GLOBAL).raw("collections\nOrderedDict");
+  EXPECT_ERROR_CODE(read(unterminated), ErrorCode::pickle_global_malformed);
+  PickleBuilder unterminated_frame;  // the frame ends inside it
+  unterminated_frame.proto(4).op(op::FRAME).le(5, 8).op(op::GLOBAL).raw("abcd").raw("\n").raw("x\n").stop();
+  EXPECT_ERROR_CODE(read(unterminated_frame), ErrorCode::pickle_frame_invalid);
+}
+
+TEST(PickleReader, QuantizedStorageTypesAreUnsupported) {
+  PickleBuilder p;
+  p.proto().global("torch", "QInt8Storage").stop();
+  EXPECT_ERROR_CODE(read(p), ErrorCode::storage_type_unsupported);
+}
+
+// ==== REDUCE ===================================================================================
+
+TEST(PickleReader, TypeTagsAreNeverCalled) {
+  // torch.FloatStorage(2**30) allocated 4 GiB in 1.13; UntypedStorage and dtypes likewise.
+  const std::vector<std::pair<std::string, std::string>> tags = {
+      {"torch", "FloatStorage"},
+      {"torch", "UntypedStorage"},
+      {"torch.storage", "UntypedStorage"},
+      {"torch", "float32"}};
+  for (const auto& [module, name] : tags) {
+    SCOPED_TRACE(name);
+    PickleBuilder p;
+    p.proto().global(module, name).integer(std::int64_t{1} << 30).tuple1().reduce().stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_call_forbidden);
+  }
+}
+
+TEST(PickleReader, RejectsReduceOfNonCallables) {
+  PickleBuilder str_callable;
+  str_callable.proto().str("os.system").empty_tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(str_callable), ErrorCode::pickle_call_forbidden);
+  PickleBuilder tensor_callable;  // calling a tensor (or a storage) is not a thing
+  tensor_callable.proto().tensor("FloatStorage", "0", 1, 0, {1}, {1}).empty_tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(tensor_callable), ErrorCode::pickle_call_forbidden);
+  PickleBuilder storage_callable;
+  storage_callable.proto().pid("FloatStorage", "0", 1).empty_tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(storage_callable), ErrorCode::pickle_call_forbidden);
+}
+
+TEST(PickleReader, RejectsMisshapenOrderedDictCalls) {
+  PickleBuilder not_tuple;
+  not_tuple.proto().global("collections", "OrderedDict").empty_list().reduce().stop();
+  EXPECT_ERROR_CODE(read(not_tuple), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder int_arg;
+  int_arg.proto().global("collections", "OrderedDict").integer(1).tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(int_arg), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder triple;  // OrderedDict([('a', 1, 2)])
+  triple.proto().global("collections", "OrderedDict").str("a").integer(1).integer(2).tuple3().tuple1().tuple1();
+  EXPECT_ERROR_CODE(read(triple.reduce().stop()), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder two_args;
+  two_args.proto().global("collections", "OrderedDict").empty_tuple().empty_tuple().tuple2().reduce().stop();
+  EXPECT_ERROR_CODE(read(two_args), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder duplicate;
+  duplicate.proto().global("collections", "OrderedDict").mark().str("a").integer(1).tuple2().str("a").integer(2);
+  duplicate.tuple2().tuple().tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(duplicate), ErrorCode::pickle_duplicate_key);
+  PickleBuilder float_key;
+  float_key.proto().global("collections", "OrderedDict").mark().none().integer(1).tuple2().tuple().tuple1();
+  float_key.reduce().stop();
+  EXPECT_ERROR_CODE(read(float_key), ErrorCode::pickle_dict_key_invalid);
+}
+
+TEST(PickleReader, RejectsCodecsEncodeMisuse) {
+  PickleBuilder utf8;
+  utf8.proto().global("_codecs", "encode").str("x").str("utf8").tuple2().reduce().stop();
+  EXPECT_ERROR_CODE(read(utf8), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder one_arg;
+  one_arg.proto().global("_codecs", "encode").str("x").tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(one_arg), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder wide;  // U+0100 has no latin1 byte
+  wide.proto().global("_codecs", "encode").str("\xc4\x80").str("latin1").tuple2().reduce().stop();
+  EXPECT_ERROR_CODE(read(wide), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder bytes_arg;
+  bytes_arg.proto().global("_codecs", "encode").op(op::SHORT_BINBYTES).u8(1).raw("x").str("latin1").tuple2();
+  EXPECT_ERROR_CODE(read(bytes_arg.reduce().stop()), ErrorCode::pickle_call_args_invalid);
+}
+
+TEST(PickleReader, RejectsNewobjOnOrderedDict) {
+  PickleBuilder p;
+  p.proto().global("collections", "OrderedDict").empty_tuple().op(op::NEWOBJ).stop();
+  EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_opcode_forbidden);
+}
+
+// ==== BUILD ====================================================================================
+
+TEST(PickleReader, RejectsBuildOutsideOrderedDictMetadata) {
+  PickleBuilder on_dict;
+  on_dict.proto().empty_dict().empty_dict().str("_metadata").empty_dict().setitem().build().stop();
+  EXPECT_ERROR_CODE(read(on_dict), ErrorCode::pickle_build_forbidden);
+  PickleBuilder on_tensor;  // 1.13 calls tensor.set_(*state): swaps in another storage
+  on_tensor.proto().tensor("FloatStorage", "0", 1, 0, {1}, {1}).empty_tuple().build().stop();
+  EXPECT_ERROR_CODE(read(on_tensor), ErrorCode::pickle_build_forbidden);
+  PickleBuilder other_key;
+  other_key.proto().ordered_dict().empty_dict().str("__class__").integer(1).setitem().build().stop();
+  EXPECT_ERROR_CODE(read(other_key), ErrorCode::pickle_build_forbidden);
+  PickleBuilder none_state;
+  none_state.proto().ordered_dict().none().build().stop();
+  EXPECT_ERROR_CODE(read(none_state), ErrorCode::pickle_build_forbidden);
+  PickleBuilder slot_state;
+  slot_state.proto().ordered_dict().empty_dict().none().tuple2().build().stop();
+  EXPECT_ERROR_CODE(read(slot_state), ErrorCode::pickle_build_forbidden);
+  PickleBuilder non_int;
+  non_int.proto().ordered_dict().empty_dict().str("_metadata").empty_dict().str("").empty_dict().str("version");
+  non_int.str("1").setitem().setitem().setitem().build().stop();
+  EXPECT_ERROR_CODE(read(non_int), ErrorCode::pickle_build_forbidden);
+  PickleBuilder twice;
+  twice.proto().ordered_dict().empty_dict().str("_metadata").empty_dict().setitem().build();
+  twice.empty_dict().str("_metadata").empty_dict().setitem().build().stop();
+  EXPECT_ERROR_CODE(read(twice), ErrorCode::pickle_build_forbidden);
+}
+
+// ==== SETITEM(S) / APPEND(S) ===================================================================
+
+TEST(PickleReader, RejectsSetitemOnListOrTensor) {
+  // CVE-2026-24747 write primitive: SETITEM on a tensor called Tensor.__setitem__.
+  PickleBuilder on_tensor;
+  on_tensor.proto().tensor("FloatStorage", "0", 6, 0, {6}, {1}).integer(4000).integer(1).setitem().stop();
+  EXPECT_ERROR_CODE(read(on_tensor), ErrorCode::pickle_setitem_target);
+  PickleBuilder on_list;
+  on_list.proto().empty_list().integer(0).integer(1).setitem().stop();
+  EXPECT_ERROR_CODE(read(on_list), ErrorCode::pickle_setitem_target);
+  PickleBuilder on_tuple;
+  on_tuple.proto().empty_tuple().mark().integer(0).integer(1).setitems().stop();
+  EXPECT_ERROR_CODE(read(on_tuple), ErrorCode::pickle_setitem_target);
+  PickleBuilder on_global;
+  on_global.proto().global("collections", "OrderedDict").str("k").integer(1).setitem().stop();
+  EXPECT_ERROR_CODE(read(on_global), ErrorCode::pickle_setitem_target);
+}
+
+TEST(PickleReader, RejectsAppendOnDictOrTuple) {
+  PickleBuilder on_dict;
+  on_dict.proto().empty_dict().integer(1).append().stop();
+  EXPECT_ERROR_CODE(read(on_dict), ErrorCode::pickle_append_target);
+  PickleBuilder on_tuple;
+  on_tuple.proto().empty_tuple().mark().integer(1).appends().stop();
+  EXPECT_ERROR_CODE(read(on_tuple), ErrorCode::pickle_append_target);
+}
+
+TEST(PickleReader, RejectsInvalidDictKeys) {
+  PickleBuilder tuple_key;
+  tuple_key.proto().empty_dict().empty_tuple().integer(1).setitem().stop();
+  EXPECT_ERROR_CODE(read(tuple_key), ErrorCode::pickle_dict_key_invalid);
+  PickleBuilder none_key;
+  none_key.proto().empty_dict().none().integer(1).setitem().stop();
+  EXPECT_ERROR_CODE(read(none_key), ErrorCode::pickle_dict_key_invalid);
+  PickleBuilder bool_key;
+  bool_key.proto().empty_dict().boolean(true).integer(1).setitem().stop();
+  EXPECT_ERROR_CODE(read(bool_key), ErrorCode::pickle_dict_key_invalid);
+  PickleBuilder float_key;
+  float_key.proto().empty_dict().op(op::BINFLOAT).le(0, 8).integer(1).setitem().stop();
+  EXPECT_ERROR_CODE(read(float_key), ErrorCode::pickle_dict_key_invalid);
+}
+
+TEST(PickleReader, RejectsDuplicateKeys) {
+  PickleBuilder p;
+  p.proto().empty_dict().mark().str("a").integer(1).str("a").integer(2).setitems().stop();
+  EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_duplicate_key);
+  PickleBuilder ints;
+  ints.proto().empty_dict().integer(7).none().setitem().integer(7).none().setitem().stop();
+  EXPECT_ERROR_CODE(read(ints), ErrorCode::pickle_duplicate_key);
+}
+
+TEST(PickleReader, RejectsVmOnlyObjectsInsideValues) {
+  PickleBuilder global_in_list;
+  global_in_list.proto().empty_list().global("collections", "OrderedDict").append().stop();
+  EXPECT_ERROR_CODE(read(global_in_list), ErrorCode::pickle_type_invalid);
+  PickleBuilder storage_in_dict;
+  storage_in_dict.proto().empty_dict().str("s").pid("FloatStorage", "0", 1).setitem().stop();
+  EXPECT_ERROR_CODE(read(storage_in_dict), ErrorCode::pickle_type_invalid);
+  PickleBuilder global_root;
+  global_root.proto().global("torch", "FloatStorage").stop();
+  EXPECT_ERROR_CODE(read(global_root), ErrorCode::pickle_type_invalid);
+  PickleBuilder raw_tuple_root;  // a tuple holding a dtype tag
+  raw_tuple_root.proto().global("torch", "float32").tuple1().stop();
+  EXPECT_ERROR_CODE(read(raw_tuple_root), ErrorCode::pickle_type_invalid);
+}
+
+// ==== opcodes, protocol, framing ===============================================================
+
+TEST(PickleReader, RejectsEveryOpcodeOutsideTheAllowlist) {
+  const std::vector<std::uint8_t> forbidden = {
+      op::DUP,   op::POP,       op::POP_MARK, op::LONG4,     op::EMPTY_SET,   op::ADDITEMS,       op::FROZENSET,
+      op::DICT,  op::LIST,      op::STRING,   op::UNICODE,   op::FLOAT,       op::GET,            op::PUT,
+      op::INST,  op::OBJ,       op::EXT1,     op::EXT2,      op::EXT4,        op::PERSID,         op::NEWOBJ,
+      op::NEWOBJ_EX, op::BINBYTES8, op::BYTEARRAY8, op::NEXT_BUFFER, op::READONLY_BUFFER, 0xff, 0x00, 'z'};
+  for (std::uint8_t code : forbidden) {
+    SCOPED_TRACE(std::string(op::name(code)) + " " + std::to_string(code));
+    PickleBuilder p;
+    p.proto().none().op(code).le(0, 16).stop();
+    try {
+      read(p);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::pickle_opcode_forbidden);
+      // The message names the offset and the opcode.
+      EXPECT_NE(error.detail().find("pickle offset 3"), std::string::npos) << error.detail();
+      EXPECT_NE(error.detail().find(std::string(op::name(code))), std::string::npos) << error.detail();
+    }
+  }
+}
+
+TEST(PickleReader, RejectsProtocolsOutsideTwoToFiveAndLateProto) {
+  for (int version : {0, 1, 6, 255}) {
+    SCOPED_TRACE(version);
+    PickleBuilder p;
+    p.proto(version).none().stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_protocol_unsupported);
+  }
+  PickleBuilder late;
+  late.none().proto(2).stop();
+  EXPECT_ERROR_CODE(read(late), ErrorCode::pickle_opcode_forbidden);
+}
+
+TEST(PickleReader, RejectsBadFrames) {
+  PickleBuilder too_long;
+  too_long.proto(4).op(op::FRAME).le(100, 8).none().stop();
+  EXPECT_ERROR_CODE(read(too_long), ErrorCode::pickle_frame_invalid);
+  PickleBuilder straddling;  // BININT's operand runs past the frame end
+  straddling.proto(4).op(op::FRAME).le(2, 8).op(op::BININT).u8(1).le(0, 3).stop();
+  EXPECT_ERROR_CODE(read(straddling), ErrorCode::pickle_frame_invalid);
+  PickleBuilder nested;
+  nested.proto(4).op(op::FRAME).le(11, 8).op(op::FRAME).le(1, 8).none().stop();
+  EXPECT_ERROR_CODE(read(nested), ErrorCode::pickle_frame_invalid);
+  PickleBuilder ok;  // two consecutive frames
+  ok.proto(4).op(op::FRAME).le(1, 8).none().op(op::FRAME).le(1, 8).stop();
+  EXPECT_TRUE(read(ok).root.is_none());
+}
+
+// ==== memo =====================================================================================
+
+TEST(PickleReader, RejectsMemoMisuse) {
+  PickleBuilder missing;
+  missing.proto().binget(0).stop();
+  EXPECT_ERROR_CODE(read(missing), ErrorCode::pickle_memo_missing);
+  PickleBuilder missing_long;
+  missing_long.proto().none().binput(0).long_binget(1).stop();
+  EXPECT_ERROR_CODE(read(missing_long), ErrorCode::pickle_memo_missing);
+  PickleBuilder huge_put;  // 1.13 accepted it; LibTorch resized its memo to 2^32
+  huge_put.proto().none().long_binput(0xFFFFFFFF).stop();
+  EXPECT_ERROR_CODE(read(huge_put), ErrorCode::pickle_memo_index_invalid);
+  PickleBuilder skipping;
+  skipping.proto().none().binput(1).stop();
+  EXPECT_ERROR_CODE(read(skipping), ErrorCode::pickle_memo_index_invalid);
+  PickleBuilder empty_stack;
+  empty_stack.proto().binput(0).none().stop();
+  EXPECT_ERROR_CODE(read(empty_stack), ErrorCode::pickle_stack_underflow);
+
+  Limits limits;
+  limits.max_memo_entries = 2;
+  PickleBuilder many;
+  many.proto().none().binput(0).binput(1).binput(1).binput(2).stop();
+  EXPECT_ERROR_CODE(read(many, limits), ErrorCode::pickle_memo_limit);
+  PickleBuilder overwrite;  // overwriting stays within the bound
+  overwrite.proto().none().binput(0).binput(1).binput(0).binput(1).stop();
+  EXPECT_NO_THROW(read(overwrite, limits));
+}
+
+TEST(PickleReader, RejectsSharedMutableContainers) {
+  PickleBuilder self_list;  // l = []; l.append(l): a cycle 1.13 loads as [[...]]
+  self_list.proto().empty_list().binput(0).binget(0).append().stop();
+  EXPECT_ERROR_CODE(read(self_list), ErrorCode::pickle_memo_mutable);
+  PickleBuilder shared_dict;
+  shared_dict.proto().empty_dict().binput(0).binget(0).tuple2().stop();
+  EXPECT_ERROR_CODE(read(shared_dict), ErrorCode::pickle_memo_mutable);
+  PickleBuilder shared_od;
+  shared_od.proto().ordered_dict().binput(0).binget(0).tuple2().stop();
+  EXPECT_ERROR_CODE(read(shared_od), ErrorCode::pickle_memo_mutable);
+  PickleBuilder tuple_with_list;  // aliasing through an immutable wrapper
+  tuple_with_list.proto().empty_list().tuple1().binput(0).binget(0).tuple2().stop();
+  EXPECT_ERROR_CODE(read(tuple_with_list), ErrorCode::pickle_memo_mutable);
+}
+
+TEST(PickleReader, RejectsExponentialTupleDag) {
+  // t0 = ('x',); t(k+1) = (tk, tk) to depth 64: 2^64 nodes from ~600 bytes.
+  PickleBuilder p;
+  p.proto().mark().str("x").tuple1().binput(0);
+  for (int k = 0; k < 64; ++k) {
+    p.binget(static_cast<std::uint8_t>(k)).binget(static_cast<std::uint8_t>(k)).tuple2();
+    p.binput(static_cast<std::uint8_t>(k + 1));
+  }
+  p.tuple().stop();
+  EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_expansion_limit);
+  Limits limits;
+  limits.max_expanded_nodes = 1000;
+  PickleBuilder small;  // 2^10 expansion exceeds a tight budget as well
+  small.proto().mark().str("x").tuple1().binput(0);
+  for (int k = 0; k < 10; ++k) {
+    small.binget(static_cast<std::uint8_t>(k)).binget(static_cast<std::uint8_t>(k)).tuple2();
+    small.binput(static_cast<std::uint8_t>(k + 1));
+  }
+  small.tuple().stop();
+  EXPECT_ERROR_CODE(read(small, limits), ErrorCode::pickle_expansion_limit);
+  limits.max_expanded_nodes = 1 << 20;
+  EXPECT_NO_THROW(read(small, limits));
+}
+
+// ==== stack, marks, STOP =======================================================================
+
+TEST(PickleReader, EveryPoppingOpcodeChecksForUnderflow) {
+  const std::vector<std::uint8_t> popping = {op::APPEND, op::SETITEM, op::TUPLE1,    op::TUPLE2,      op::TUPLE3,
+                                             op::REDUCE, op::BUILD,   op::BINPERSID, op::STACK_GLOBAL};
+  for (std::uint8_t code : popping) {
+    SCOPED_TRACE(std::string(op::name(code)));
+    PickleBuilder p;
+    p.proto().op(code).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_stack_underflow);
+    // Items below a MARK are out of reach, as in CPython.
+    PickleBuilder behind_mark;
+    behind_mark.proto().empty_list().integer(1).integer(2).integer(3).mark().op(code).stop();
+    EXPECT_ERROR_CODE(read(behind_mark), ErrorCode::pickle_stack_underflow);
+  }
+  for (std::uint8_t code : {op::BINPUT, op::LONG_BINPUT}) {
+    PickleBuilder p;
+    p.proto().op(code).le(0, 4).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_stack_underflow);
+  }
+  PickleBuilder memoize;
+  memoize.proto(4).op(op::MEMOIZE).stop();
+  EXPECT_ERROR_CODE(read(memoize), ErrorCode::pickle_stack_underflow);
+  PickleBuilder appends_no_target;
+  appends_no_target.proto().mark().integer(1).appends().stop();
+  EXPECT_ERROR_CODE(read(appends_no_target), ErrorCode::pickle_stack_underflow);
+  PickleBuilder setitems_no_target;
+  setitems_no_target.proto().mark().str("a").integer(1).setitems().stop();
+  EXPECT_ERROR_CODE(read(setitems_no_target), ErrorCode::pickle_stack_underflow);
+  PickleBuilder odd;
+  odd.proto().empty_dict().mark().str("a").integer(1).str("b").setitems().stop();
+  EXPECT_ERROR_CODE(read(odd), ErrorCode::pickle_stack_underflow);
+}
+
+TEST(PickleReader, RejectsMarkMisuse) {
+  for (std::uint8_t code : {op::TUPLE, op::APPENDS, op::SETITEMS}) {
+    SCOPED_TRACE(std::string(op::name(code)));
+    PickleBuilder p;
+    p.proto().empty_list().op(code).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_mark_missing);
+  }
+  PickleBuilder nested;  // 100k nested MARKs
+  nested.proto().repeat(op::MARK, 100000).stop();
+  EXPECT_ERROR_CODE(read(nested), ErrorCode::pickle_mark_limit);
+}
+
+TEST(PickleReader, RejectsDeepNesting) {
+  PickleBuilder lists;  // [[[[...]]]] 100k deep: lists appended into their parents
+  lists.proto().repeat(op::EMPTY_LIST, 100000).repeat(op::APPEND, 99999).stop();
+  EXPECT_ERROR_CODE(read(lists), ErrorCode::pickle_nesting_limit);
+  PickleBuilder tuples;
+  tuples.proto().none().repeat(op::TUPLE1, 100000).stop();
+  EXPECT_ERROR_CODE(read(tuples), ErrorCode::pickle_nesting_limit);
+  PickleBuilder dicts;
+  dicts.proto();
+  for (int i = 0; i < 70; ++i) dicts.empty_dict().str("k");
+  dicts.none();
+  for (int i = 0; i < 70; ++i) dicts.setitem();
+  dicts.stop();
+  EXPECT_ERROR_CODE(read(dicts), ErrorCode::pickle_nesting_limit);
+  PickleBuilder at_limit;  // exactly 64 levels is fine
+  at_limit.proto().none().repeat(op::TUPLE1, 64).stop();
+  EXPECT_NO_THROW(read(at_limit));
+}
+
+TEST(PickleReader, RejectsBadStop) {
+  PickleBuilder open_mark;
+  open_mark.proto().mark().none().stop();
+  EXPECT_ERROR_CODE(read(open_mark), ErrorCode::pickle_stop_invalid);
+  PickleBuilder two_items;
+  two_items.proto().none().none().stop();
+  EXPECT_ERROR_CODE(read(two_items), ErrorCode::pickle_stop_invalid);
+  PickleBuilder empty_stack;
+  empty_stack.proto().stop();
+  EXPECT_ERROR_CODE(read(empty_stack), ErrorCode::pickle_stop_invalid);
+  PickleBuilder no_stop;
+  no_stop.proto().none();
+  EXPECT_ERROR_CODE(read(no_stop), ErrorCode::pickle_truncated);
+  PickleBuilder empty;
+  EXPECT_ERROR_CODE(read(empty), ErrorCode::pickle_truncated);
+  PickleBuilder trailing;
+  trailing.proto().none().stop().u8(0);
+  EXPECT_ERROR_CODE(read(trailing), ErrorCode::pickle_trailing_bytes);
+}
+
+TEST(PickleReader, EnforcesStackOpcodeSizeAndContainerLimits) {
+  Limits limits;
+  limits.max_stack_items = 10;
+  PickleBuilder deep_stack;
+  deep_stack.proto().repeat(op::NONE, 11).stop();
+  EXPECT_ERROR_CODE(read(deep_stack, limits), ErrorCode::pickle_stack_limit);
+
+  limits = {};
+  limits.max_opcodes = 5;
+  PickleBuilder many_ops;
+  many_ops.proto().mark().repeat(op::NONE, 4).tuple().stop();
+  EXPECT_ERROR_CODE(read(many_ops, limits), ErrorCode::pickle_opcode_limit);
+
+  limits = {};
+  limits.max_pickle_bytes = 8;
+  PickleBuilder big;
+  big.proto().str("0123456789").stop();
+  EXPECT_ERROR_CODE(read(big, limits), ErrorCode::pickle_too_large);
+  MemoryStorages storages;  // with trailing bytes allowed, the bound is on how far the pickle reaches
+  const auto bytes = big.bytes();
+  EXPECT_ERROR_CODE(read_pickle(bytes, storages, limits, {}, true), ErrorCode::pickle_too_large);
+
+  limits = {};
+  limits.max_container_elements = 5;
+  PickleBuilder wide;
+  wide.proto().empty_list().mark().repeat(op::NONE, 6).appends().stop();
+  EXPECT_ERROR_CODE(read(wide, limits), ErrorCode::pickle_container_limit);
+  PickleBuilder spread;  // the bound is on all containers together
+  spread.proto().mark().none().none().tuple().none().none().none().tuple3().tuple2().stop();
+  EXPECT_ERROR_CODE(read(spread, limits), ErrorCode::pickle_container_limit);
+}
+
+// ==== scalars ==================================================================================
+
+TEST(PickleReader, RejectsTruncatedOperands) {
+  PickleBuilder unicode;
+  unicode.proto().op(op::BINUNICODE).le(10, 4).raw("abc");
+  EXPECT_ERROR_CODE(read(unicode), ErrorCode::pickle_truncated);
+  PickleBuilder unicode_length;
+  unicode_length.proto().op(op::BINUNICODE).le(1, 2);
+  EXPECT_ERROR_CODE(read(unicode_length), ErrorCode::pickle_truncated);
+  PickleBuilder binint;
+  binint.proto().op(op::BININT).le(1, 3);
+  EXPECT_ERROR_CODE(read(binint), ErrorCode::pickle_truncated);
+  PickleBuilder long1;
+  long1.proto().op(op::LONG1).u8(8).le(1, 4);
+  EXPECT_ERROR_CODE(read(long1), ErrorCode::pickle_truncated);
+  PickleBuilder binfloat;
+  binfloat.proto().op(op::BINFLOAT).le(0, 7);
+  EXPECT_ERROR_CODE(read(binfloat), ErrorCode::pickle_truncated);
+  PickleBuilder int_line;
+  int_line.op(op::INT).raw("12");
+  EXPECT_ERROR_CODE(read(int_line), ErrorCode::pickle_truncated);
+  PickleBuilder proto;
+  proto.op(op::PROTO);
+  EXPECT_ERROR_CODE(read(proto), ErrorCode::pickle_truncated);
+}
+
+TEST(PickleReader, RejectsOversizedStrings) {
+  PickleBuilder huge;  // checked before the bytes are looked for
+  huge.proto().op(op::BINUNICODE).le(0xFFFFFFFF, 4).stop();
+  EXPECT_ERROR_CODE(read(huge), ErrorCode::pickle_string_too_long);
+  PickleBuilder huge8;
+  huge8.proto(4).op(op::BINUNICODE8).le(~std::uint64_t{0}, 8).stop();
+  EXPECT_ERROR_CODE(read(huge8), ErrorCode::pickle_string_too_long);
+  PickleBuilder huge_bytes;
+  huge_bytes.proto(3).op(op::BINBYTES).le(0xFFFFFFFF, 4).stop();
+  EXPECT_ERROR_CODE(read(huge_bytes), ErrorCode::pickle_string_too_long);
+  Limits limits;
+  limits.max_string_bytes = 4;
+  PickleBuilder five;
+  five.proto().str("12345").stop();
+  EXPECT_ERROR_CODE(read(five, limits), ErrorCode::pickle_string_too_long);
+  PickleBuilder four;
+  four.proto().str("1234").stop();
+  EXPECT_EQ(read(four, limits).root.as_string(), "1234");
+}
+
+TEST(PickleReader, RejectsInvalidUtf8) {
+  const std::vector<std::string> invalid = {
+      "\xc0\x80",          // overlong NUL
+      "\xe0\x80\xaf",      // overlong '/'
+      "\xf0\x80\x80\xaf",  // overlong, 4 bytes
+      "\xed\xa0\x80",      // lone high surrogate
+      "\xed\xbf\xbf",      // lone low surrogate
+      "\xf4\x90\x80\x80",  // above U+10FFFF
+      "\xf8\x88\x80\x80\x80",
+      "\x80",          // continuation without lead
+      "a\xc3",         // truncated sequence
+      "\xe2\x82",      // truncated sequence
+      "\xff",
+  };
+  for (const std::string& text : invalid) {
+    SCOPED_TRACE(::testing::PrintToString(text));
+    PickleBuilder p;
+    p.proto().str(text).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_string_invalid);
+  }
+  PickleBuilder py2_non_ascii;
+  py2_non_ascii.proto().op(op::SHORT_BINSTRING).u8(1).raw("\xe9").stop();
+  EXPECT_ERROR_CODE(read(py2_non_ascii), ErrorCode::pickle_string_invalid);
+  PickleBuilder negative_binstring;
+  negative_binstring.proto().op(op::BINSTRING).le(0xFFFFFFFF, 4).stop();
+  EXPECT_ERROR_CODE(read(negative_binstring), ErrorCode::pickle_string_invalid);
+  PickleBuilder valid;  // the largest code point and U+FFFF are fine
+  valid.proto().str("\xf4\x8f\xbf\xbf\xef\xbf\xbf").stop();
+  EXPECT_NO_THROW(read(valid));
+}
+
+TEST(PickleReader, RejectsIntegersOutsideInt64AndMalformedText) {
+  PickleBuilder long1_255;  // 1.13 loads it
+  long1_255.proto().op(op::LONG1).u8(255).repeat(0x7f, 255).stop();
+  EXPECT_ERROR_CODE(read(long1_255), ErrorCode::pickle_int_invalid);
+  PickleBuilder long1_9;  // 2^63 needs 9 bytes
+  long1_9.proto().op(op::LONG1).u8(9).le(std::uint64_t{1} << 63, 8).u8(0).stop();
+  EXPECT_ERROR_CODE(read(long1_9), ErrorCode::pickle_int_invalid);
+  const std::vector<std::string> bad_int_lines = {"+5", " 5", "05", "-0", "1_0", "", "-",
+                                                  "9223372036854775808", "99999999999999999999", "0x10"};
+  for (const std::string& line : bad_int_lines) {
+    SCOPED_TRACE(line);
+    PickleBuilder p;
+    p.op(op::INT).raw(line).raw("\n").stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_int_invalid);
+  }
+  PickleBuilder long_line;
+  long_line.op(op::INT).raw(std::string(100, '1')).raw("\n").stop();
+  EXPECT_ERROR_CODE(read(long_line), ErrorCode::pickle_int_invalid);
+  PickleBuilder no_suffix;
+  no_suffix.op(op::LONG).raw("12\n").stop();
+  EXPECT_ERROR_CODE(read(no_suffix), ErrorCode::pickle_int_invalid);
+  PickleBuilder magic;  // the legacy magic number does not fit in int64
+  magic.op(op::LONG).raw("119547037146038801333356L\n").stop();
+  EXPECT_ERROR_CODE(read(magic), ErrorCode::pickle_int_invalid);
+  PickleBuilder int_min;
+  int_min.op(op::INT).raw("-9223372036854775808\n").stop();
+  EXPECT_EQ(read(int_min).root.as_int(), INT64_MIN);
+}
+
+// ==== persistent ids ===========================================================================
+
+TEST(PickleReader, RejectsPersistentIdsOfTheWrongShape) {
+  PickleBuilder not_tuple;
+  not_tuple.proto().str("storage").binpersid().stop();
+  EXPECT_ERROR_CODE(read(not_tuple), ErrorCode::persistent_id_invalid);
+  PickleBuilder int_pid;  // 1.13's int branch was buggy
+  int_pid.proto().integer(0).binpersid().stop();
+  EXPECT_ERROR_CODE(read(int_pid), ErrorCode::persistent_id_invalid);
+  PickleBuilder list_pid;
+  list_pid.proto().empty_list().binpersid().stop();
+  EXPECT_ERROR_CODE(read(list_pid), ErrorCode::persistent_id_invalid);
+  PickleBuilder short_tuple;
+  short_tuple.proto().mark().str("storage").global("torch", "FloatStorage").str("0").str("cpu").tuple();
+  EXPECT_ERROR_CODE(read(short_tuple.binpersid().stop()), ErrorCode::persistent_id_invalid);
+  PickleBuilder wrong_tag;
+  wrong_tag.proto().mark().str("module").global("torch", "FloatStorage").str("0").str("cpu").integer(1).tuple();
+  EXPECT_ERROR_CODE(read(wrong_tag.binpersid().stop()), ErrorCode::persistent_id_invalid);
+  PickleBuilder bytes_tag;
+  bytes_tag.proto().mark().op(op::SHORT_BINBYTES).u8(7).raw("storage").global("torch", "FloatStorage").str("0");
+  EXPECT_ERROR_CODE(read(bytes_tag.str("cpu").integer(1).tuple().binpersid().stop()),
+                    ErrorCode::persistent_id_invalid);
+}
+
+TEST(PickleReader, RejectsWrongSlotTypesInPersistentIds) {
+  const auto pid_with = [](auto&& type, auto&& key, auto&& location, auto&& numel) {
+    PickleBuilder p;
+    p.proto().mark().str("storage");
+    type(p);
+    key(p);
+    location(p);
+    numel(p);
+    return p.tuple().binpersid().stop();
+  };
+  const auto float_type = [](PickleBuilder& p) { p.global("torch", "FloatStorage"); };
+  const auto key0 = [](PickleBuilder& p) { p.str("0"); };
+  const auto cpu = [](PickleBuilder& p) { p.str("cpu"); };
+  const auto one = [](PickleBuilder& p) { p.integer(1); };
+  const auto str_type = [](PickleBuilder& p) { p.str("FloatStorage"); };
+  const auto int_key = [](PickleBuilder& p) { p.integer(0); };
+  const auto int_location = [](PickleBuilder& p) { p.integer(0); };
+  const auto str_numel = [](PickleBuilder& p) { p.str("1"); };
+  const auto bool_numel = [](PickleBuilder& p) { p.boolean(true); };
+  const auto float_numel = [](PickleBuilder& p) { p.op(op::BINFLOAT).u8(0x3f).u8(0xf0).le(0, 6); };
+  EXPECT_ERROR_CODE(read(pid_with(str_type, key0, cpu, one)), ErrorCode::persistent_id_invalid);
+  EXPECT_ERROR_CODE(read(pid_with(float_type, int_key, cpu, one)), ErrorCode::persistent_id_invalid);
+  EXPECT_ERROR_CODE(read(pid_with(float_type, key0, int_location, one)), ErrorCode::persistent_id_invalid);
+  EXPECT_ERROR_CODE(read(pid_with(float_type, key0, cpu, str_numel)), ErrorCode::persistent_id_invalid);
+  EXPECT_ERROR_CODE(read(pid_with(float_type, key0, cpu, bool_numel)), ErrorCode::persistent_id_invalid);
+  EXPECT_ERROR_CODE(read(pid_with(float_type, key0, cpu, float_numel)), ErrorCode::persistent_id_invalid);
+  // A global that is not a storage type in the type slot.
+  const auto dtype_type = [](PickleBuilder& p) { p.global("torch", "float32"); };
+  const auto od_type = [](PickleBuilder& p) { p.global("collections", "OrderedDict"); };
+  EXPECT_ERROR_CODE(read(pid_with(dtype_type, key0, cpu, one)), ErrorCode::storage_type_unsupported);
+  EXPECT_ERROR_CODE(read(pid_with(od_type, key0, cpu, one)), ErrorCode::storage_type_unsupported);
+  const auto unknown_type = [](PickleBuilder& p) { p.global("torch", "EvilStorage"); };
+  EXPECT_ERROR_CODE(read(pid_with(unknown_type, key0, cpu, one)), ErrorCode::pickle_global_forbidden);
+}
+
+TEST(PickleReader, RejectsNonCanonicalStorageKeys) {
+  for (const char* key : {"../version", "0/../0", "00", "01", "12345678901234567890", "", "-1", "1e3", " 0", "0\n"}) {
+    SCOPED_TRACE(key);
+    PickleBuilder p;
+    p.proto().pid("FloatStorage", key, 1).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::storage_key_invalid);
+  }
+  PickleBuilder max_key;  // 19 digits is the longest canonical key
+  max_key.proto().tensor_over("FloatStorage", "1234567890123456789", 1).stop();
+  EXPECT_NO_THROW(read(max_key));
+
+  PickleOptions legacy;
+  legacy.persistent_ids = PersistentIdForm::legacy;
+  legacy.canonical_storage_keys = false;
+  for (const std::string& key : {std::string("../x"), std::string("a/b"), std::string(65, '1'), std::string()}) {
+    SCOPED_TRACE(key);
+    PickleBuilder p;
+    p.proto().mark().str("storage").global("torch", "FloatStorage").str(key).str("cpu").integer(1).none().tuple();
+    EXPECT_ERROR_CODE(read(p.binpersid().stop(), {}, legacy), ErrorCode::storage_key_invalid);
+  }
+}
+
+TEST(PickleReader, RejectsUnsupportedLocations) {
+  for (const char* location : {"meta", "evil", "cuda:", "cuda:01", "cuda:-1", "CPU", "cpu ", "xla:0", "cuda:123456"}) {
+    SCOPED_TRACE(location);
+    PickleBuilder p;
+    p.proto().pid("FloatStorage", "0", 1, location).stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::storage_location_unsupported);
+  }
+}
+
+TEST(PickleReader, RejectsInvalidStorageElementCounts) {
+  PickleBuilder negative;
+  negative.proto().pid("FloatStorage", "0", -1).stop();
+  EXPECT_ERROR_CODE(read(negative), ErrorCode::storage_numel_invalid);
+  PickleBuilder wrapping;  // 2^61 x 8 bytes wraps u64
+  wrapping.proto().pid("DoubleStorage", "0", std::int64_t{1} << 61).stop();
+  EXPECT_ERROR_CODE(read(wrapping), ErrorCode::storage_numel_invalid);
+  PickleBuilder over_int64;  // 2^62 x 4 bytes = 2^64
+  over_int64.proto().pid("FloatStorage", "0", std::int64_t{1} << 62).stop();
+  EXPECT_ERROR_CODE(read(over_int64), ErrorCode::storage_numel_invalid);
+  PickleBuilder complex_wrap;
+  complex_wrap.proto().pid("ComplexDoubleStorage", "0", std::int64_t{1} << 60).stop();
+  EXPECT_ERROR_CODE(read(complex_wrap), ErrorCode::storage_numel_invalid);
+  PickleBuilder huge;  // 2^62-1 floats over a 24-byte record: 1.13 returned a 2^64-byte storage
+  huge.proto().pid("FloatStorage", "0", (std::int64_t{1} << 62) - 1).stop();
+  MemoryStorages storages;
+  storages.add_zeros("0", 24);
+  EXPECT_ERROR_CODE(read(huge, storages), ErrorCode::storage_numel_invalid);
+  PickleBuilder huge_bytes;  // 2^62-1 bytes fit int64: the record size check catches it
+  huge_bytes.proto().pid("ByteStorage", "0", (std::int64_t{1} << 62) - 1).stop();
+  EXPECT_ERROR_CODE(read(huge_bytes, storages), ErrorCode::storage_size_mismatch);
+}
+
+TEST(PickleReader, RejectsRecordShorterThanDeclared) {
+  // CVE-2026-24747 read primitive: numel 64 over a 24-byte record.
+  PickleBuilder p;
+  p.proto().tensor("FloatStorage", "0", 64, 0, {64}, {1}).stop();
+  MemoryStorages storages;
+  storages.add_zeros("0", 24);
+  EXPECT_ERROR_CODE(read(p, storages), ErrorCode::storage_size_mismatch);
+  MemoryStorages none;
+  EXPECT_ERROR_CODE(read(p, none), ErrorCode::storage_record_missing);
+}
+
+TEST(PickleReader, RejectsStorageRedeclaration) {
+  PickleBuilder dtype;  // 1.13: the first reference silently wins
+  dtype.proto().mark().pid("FloatStorage", "0", 4).pid("IntStorage", "0", 4).tuple().stop();
+  EXPECT_ERROR_CODE(read(dtype), ErrorCode::storage_redeclared);
+  PickleBuilder numel;
+  numel.proto().mark().pid("FloatStorage", "0", 4).pid("FloatStorage", "0", 5).tuple2().stop();
+  EXPECT_ERROR_CODE(read(numel), ErrorCode::storage_redeclared);
+  PickleBuilder untyped;
+  untyped.proto().mark().pid("ByteStorage", "0", 4).pid("UntypedStorage", "0", 4).tuple2().stop();
+  EXPECT_ERROR_CODE(read(untyped), ErrorCode::storage_redeclared);
+  PickleBuilder same;  // repeating the identical declaration is how views work
+  same.proto().mark().tensor_over("FloatStorage", "0", 4).tensor_over("FloatStorage", "0", 4, "cuda:0").tuple().stop();
+  EXPECT_NO_THROW(read(same));
+}
+
+TEST(PickleReader, RejectsViewMetadataInLegacyPersistentIds) {
+  PickleOptions legacy;
+  legacy.persistent_ids = PersistentIdForm::legacy;
+  legacy.canonical_storage_keys = false;
+  PickleBuilder p;
+  p.proto().mark().str("storage").global("torch", "FloatStorage").str("1").str("cpu").integer(4);
+  p.str("2").integer(1).integer(2).tuple3().tuple().binpersid().stop();
+  EXPECT_ERROR_CODE(read(p, {}, legacy), ErrorCode::legacy_view_metadata_unsupported);
+}
+
+TEST(PickleReader, LimitsTheNumberOfStoragesAndTensors) {
+  Limits limits;
+  limits.max_tensors = 1;
+  PickleBuilder storages;
+  storages.proto().mark().pid("FloatStorage", "0", 1).pid("FloatStorage", "1", 1).tuple2().stop();
+  EXPECT_ERROR_CODE(read(storages, limits), ErrorCode::tensor_count_limit);
+  PickleBuilder tensors;
+  tensors.proto().tensor("FloatStorage", "0", 1, 0, {1}, {1}).tensor("FloatStorage", "0", 1, 0, {1}, {1});
+  EXPECT_ERROR_CODE(read(tensors.tuple2().stop(), limits), ErrorCode::tensor_count_limit);
+}
+
+// ==== tensor geometry ==========================================================================
+
+TEST(PickleReader, RejectsViewsOutsideTheStorage) {
+  const auto read_view = [](std::int64_t offset, std::initializer_list<std::int64_t> size,
+                            std::initializer_list<std::int64_t> stride) {
+    PickleBuilder p;
+    p.proto().tensor("FloatStorage", "0", 6, offset, size, stride).stop();
+    return read(p);
+  };
+  EXPECT_ERROR_CODE(read_view(0, {7}, {1}), ErrorCode::tensor_out_of_bounds);
+  EXPECT_ERROR_CODE(read_view(4, {3}, {1}), ErrorCode::tensor_out_of_bounds);
+  EXPECT_ERROR_CODE(read_view(6, {1}, {1}), ErrorCode::tensor_out_of_bounds);  // offset == numel, size 1
+  EXPECT_ERROR_CODE(read_view(0, {2, 3}, {3, 2}), ErrorCode::tensor_out_of_bounds);
+  EXPECT_ERROR_CODE(read_view(1000, {0}, {1}), ErrorCode::tensor_out_of_bounds);  // empty, 1.13 accepted
+  EXPECT_ERROR_CODE(read_view(0, {2, INT64_MAX}, {1, INT64_MAX}), ErrorCode::tensor_numel_limit);
+  EXPECT_ERROR_CODE(read_view(INT64_MAX, {2}, {INT64_MAX}), ErrorCode::tensor_out_of_bounds);
+  EXPECT_NO_THROW(read_view(0, {2, 3}, {3, 1}));
+  EXPECT_NO_THROW(read_view(5, {1}, {1}));
+  EXPECT_NO_THROW(read_view(6, {0}, {1}));
+}
+
+TEST(PickleReader, RejectsInvalidGeometry) {
+  const auto read_view = [](std::int64_t offset, std::initializer_list<std::int64_t> size,
+                            std::initializer_list<std::int64_t> stride) {
+    PickleBuilder p;
+    p.proto().tensor("FloatStorage", "0", 6, offset, size, stride).stop();
+    return read(p);
+  };
+  EXPECT_ERROR_CODE(read_view(5, {2}, {-1}), ErrorCode::tensor_geometry_invalid);  // negative stride
+  EXPECT_ERROR_CODE(read_view(0, {-1}, {1}), ErrorCode::tensor_geometry_invalid);
+  EXPECT_ERROR_CODE(read_view(-1, {1}, {1}), ErrorCode::tensor_geometry_invalid);
+  EXPECT_ERROR_CODE(read_view(0, {2, 3}, {1}), ErrorCode::tensor_geometry_invalid);
+}
+
+TEST(PickleReader, RejectsHugeElementCountsAndExpansion) {
+  const auto read_view = [](std::initializer_list<std::int64_t> size, std::initializer_list<std::int64_t> stride,
+                            const Limits& limits = {}) {
+    PickleBuilder p;
+    p.proto().tensor("FloatStorage", "0", 6, 0, size, stride).stop();
+    return read(p, limits);
+  };
+  const std::int64_t two31 = std::int64_t{1} << 31;
+  const std::int64_t two40 = std::int64_t{1} << 40;
+  EXPECT_ERROR_CODE(read_view({two31, two31}, {0, 0}), ErrorCode::tensor_numel_limit);  // 2^62, 1.13 loaded it
+  EXPECT_ERROR_CODE(read_view({two40, two40}, {0, 0}), ErrorCode::tensor_numel_limit);  // overflows u64
+  EXPECT_ERROR_CODE(read_view({1 << 20}, {0}), ErrorCode::tensor_bytes_limit);          // 4 MiB over 24 bytes
+  EXPECT_NO_THROW(read_view({1000}, {0}));  // 4000 bytes: within 4 x 24 + 4096
+  Limits tight;
+  tight.max_tensor_logical_bytes = 16;
+  EXPECT_ERROR_CODE(read_view({6}, {1}, tight), ErrorCode::tensor_bytes_limit);
+  tight = {};
+  tight.max_tensor_numel = 5;
+  EXPECT_ERROR_CODE(read_view({6}, {1}, tight), ErrorCode::tensor_numel_limit);
+}
+
+TEST(PickleReader, RejectsExcessiveRank) {
+  for (int rank : {33, 1000}) {
+    SCOPED_TRACE(rank);
+    PickleBuilder p;
+    p.proto().global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "0", 1).integer(0);
+    p.mark();
+    for (int i = 0; i < rank; ++i) p.integer(1);
+    p.tuple().mark();
+    for (int i = 0; i < rank; ++i) p.integer(1);
+    p.tuple().boolean(false).ordered_dict().tuple().reduce().stop();
+    EXPECT_ERROR_CODE(read(p), ErrorCode::tensor_rank_limit);
+  }
+}
+
+TEST(PickleReader, RejectsRequiresGradOnIntegerTensors) {
+  PickleBuilder p;
+  p.proto().tensor("LongStorage", "0", 1, 0, {1}, {1}, true).stop();
+  EXPECT_ERROR_CODE(read(p), ErrorCode::tensor_requires_grad_invalid);
+  PickleBuilder parameter;
+  parameter.proto().global("torch._utils", "_rebuild_parameter").tensor("IntStorage", "0", 1, 0, {1}, {1});
+  parameter.boolean(true).ordered_dict().tuple3().reduce().stop();
+  EXPECT_ERROR_CODE(read(parameter), ErrorCode::tensor_requires_grad_invalid);
+  PickleBuilder float_grad;
+  float_grad.proto().tensor("HalfStorage", "0", 1, 0, {1}, {1}, true).stop();
+  EXPECT_TRUE(read(float_grad).root.as_tensor().requires_grad);
+}
+
+// v2 argument tuple with `hooks` and an optional 7th argument built by `extra`.
+template <typename Hooks, typename Extra>
+PickleBuilder tensor_with(Hooks&& hooks, Extra&& extra) {
+  PickleBuilder p;
+  p.proto().global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "0", 1).integer(0);
+  p.int_tuple({1}).int_tuple({1}).boolean(false);
+  hooks(p);
+  extra(p);
+  return p.tuple().reduce().stop();
+}
+
+TEST(PickleReader, RejectsBackwardHooksAndRebuildMetadata) {
+  const auto nothing = [](PickleBuilder&) {};
+  const auto empty_od = [](PickleBuilder& p) { p.ordered_dict(); };
+  const auto hooked_od = [](PickleBuilder& p) { p.ordered_dict().integer(0).str("hook").setitem(); };
+  const auto hooked_dict = [](PickleBuilder& p) { p.empty_dict().integer(0).str("hook").setitem(); };
+  const auto list_hooks = [](PickleBuilder& p) { p.empty_list(); };
+  const auto metadata_od = [](PickleBuilder& p) {
+    p.ordered_dict().empty_dict().str("_metadata").empty_dict().setitem().build();
+  };
+  const auto empty_dict = [](PickleBuilder& p) { p.empty_dict(); };
+  const auto conj_metadata = [](PickleBuilder& p) { p.empty_dict().str("conj").boolean(true).setitem(); };
+  const auto none = [](PickleBuilder& p) { p.none(); };
+  EXPECT_ERROR_CODE(read(tensor_with(hooked_od, nothing)), ErrorCode::tensor_hooks_not_empty);
+  EXPECT_ERROR_CODE(read(tensor_with(hooked_dict, nothing)), ErrorCode::tensor_hooks_not_empty);
+  EXPECT_ERROR_CODE(read(tensor_with(metadata_od, nothing)), ErrorCode::tensor_hooks_not_empty);
+  EXPECT_ERROR_CODE(read(tensor_with(list_hooks, nothing)), ErrorCode::pickle_call_args_invalid);
+  EXPECT_ERROR_CODE(read(tensor_with(empty_od, conj_metadata)), ErrorCode::tensor_hooks_not_empty);
+  EXPECT_ERROR_CODE(read(tensor_with(empty_od, none)), ErrorCode::pickle_call_args_invalid);
+  const auto two_extra = [](PickleBuilder& p) { p.empty_dict().empty_dict(); };
+  EXPECT_ERROR_CODE(read(tensor_with(empty_od, two_extra)), ErrorCode::pickle_call_args_invalid);
+  EXPECT_NO_THROW(read(tensor_with(empty_od, empty_dict)));  // 2.x's 7-argument form
+  EXPECT_NO_THROW(read(tensor_with(empty_dict, nothing)));
+  EXPECT_NO_THROW(read(tensor_with(none, nothing)));
+}
+
+TEST(PickleReader, RejectsMisshapenRebuildArguments) {
+  PickleBuilder five;
+  five.proto().global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "0", 1).integer(0);
+  five.int_tuple({1}).int_tuple({1}).boolean(false).tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(five), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder list_args;
+  list_args.proto().global("torch._utils", "_rebuild_tensor_v2").empty_list().reduce().stop();
+  EXPECT_ERROR_CODE(read(list_args), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder no_storage;  // a plain tuple instead of a storage
+  no_storage.proto().global("torch._utils", "_rebuild_tensor_v2").mark().empty_tuple().integer(0);
+  no_storage.int_tuple({1}).int_tuple({1}).boolean(false).ordered_dict().tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(no_storage), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder list_size;
+  list_size.proto().global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "0", 1).integer(0);
+  list_size.empty_list().integer(1).append().int_tuple({1}).boolean(false).ordered_dict().tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(list_size), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder bool_size;
+  bool_size.proto().global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "0", 1).integer(0);
+  bool_size.boolean(true).tuple1().int_tuple({1}).boolean(false).ordered_dict().tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(bool_size), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder str_offset;
+  str_offset.proto().global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "0", 1).str("0");
+  str_offset.int_tuple({1}).int_tuple({1}).boolean(false).ordered_dict().tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(str_offset), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder int_grad;
+  int_grad.proto().global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "0", 1).integer(0);
+  int_grad.int_tuple({1}).int_tuple({1}).integer(0).ordered_dict().tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(int_grad), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder not_tensor_param;
+  not_tensor_param.proto().global("torch._utils", "_rebuild_parameter").str("x").boolean(false).ordered_dict();
+  EXPECT_ERROR_CODE(read(not_tensor_param.tuple3().reduce().stop()), ErrorCode::pickle_call_args_invalid);
+}
+
+TEST(PickleReader, RejectsMismatchedRebuildV3Arguments) {
+  const auto v3 = [](std::string_view storage_type, std::int64_t numel, std::string_view dtype_module,
+                     std::string_view dtype) {
+    PickleBuilder p;
+    p.proto().global("torch._utils", "_rebuild_tensor_v3").mark().pid(storage_type, "0", numel).integer(0);
+    p.int_tuple({1}).int_tuple({1}).boolean(false).ordered_dict().global(dtype_module, dtype).tuple().reduce().stop();
+    return p;
+  };
+  EXPECT_ERROR_CODE(read(v3("FloatStorage", 4, "torch", "uint16")), ErrorCode::pickle_call_args_invalid);
+  EXPECT_ERROR_CODE(read(v3("UntypedStorage", 4, "torch", "FloatStorage")), ErrorCode::pickle_call_args_invalid);
+  EXPECT_ERROR_CODE(read(v3("UntypedStorage", 3, "torch", "uint16")), ErrorCode::storage_size_mismatch);
+  EXPECT_NO_THROW(read(v3("UntypedStorage", 4, "torch", "uint16")));
+  PickleBuilder v2_untyped;  // the untyped storage is v3's only
+  v2_untyped.proto().tensor("UntypedStorage", "0", 4, 0, {1}, {1}).stop();
+  EXPECT_ERROR_CODE(read(v2_untyped), ErrorCode::pickle_call_args_invalid);
+}
+
+}  // namespace
+}  // namespace holdpoint::format
