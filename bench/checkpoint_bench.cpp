@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+#include <ATen/ops/rand.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -129,7 +131,7 @@ void run_case(const BenchCase& bench_case, int repeat, const std::filesystem::pa
   std::vector<at::Tensor> tensors;
   holdpoint::Dict entries;
   for (std::int64_t i = 0; i < bench_case.tensors; ++i) {
-    at::Tensor t = torch::rand({bench_case.elements_per_tensor});
+    at::Tensor t = at::rand({bench_case.elements_per_tensor});
     entries.insert("layer" + std::to_string(i) + ".weight", holdpoint::tensor_value(t));
     tensors.push_back(t);
   }
