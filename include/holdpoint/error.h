@@ -19,8 +19,8 @@
 
 namespace holdpoint {
 
-// X(name, description). The description is the one-line meaning used in docs
-// and `holdpoint verify --codes`.
+// X(name, description). The description is the one-line meaning printed by
+// `holdpoint codes` and used in docs.
 #define HOLDPOINT_ERROR_CODES(X)                                                              \
   /* usage and I/O */                                                                         \
   X(invalid_argument, "the caller passed an argument the API does not accept")                \
@@ -76,6 +76,7 @@ namespace holdpoint {
   X(version_invalid, "the version record is not a decimal number")                            \
   X(version_unsupported, "the archive version is outside the range PyTorch reads (1..10)")    \
   X(byteorder_invalid, "the byteorder record is neither 'little' nor 'big'")                  \
+  X(byteorder_unsupported, "a big-endian archive uses untyped storages, which cannot be byte-swapped safely") \
   X(format_version_invalid, "the .format_version or .storage_alignment record is not a decimal number") \
   /* pickle VM */                                                                             \
   X(pickle_too_large, "the pickle is larger than Limits::max_pickle_bytes")                   \

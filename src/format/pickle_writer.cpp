@@ -312,8 +312,11 @@ class Emitter {
     const auto bytes = numel ? checked_mul<std::uint64_t>(*numel, tensor.itemsize()) : std::nullopt;
     const auto expansion = checked_mul<std::uint64_t>(tensor.storage->nbytes(), limits.max_view_expansion);
     const auto bound = expansion ? checked_add<std::uint64_t>(*expansion, 4096) : std::nullopt;
-    if (!bytes || *numel > limits.max_tensor_numel || *bytes > limits.max_tensor_logical_bytes ||
-        (bound && *bytes > *bound)) {
+    if (!numel || *numel > limits.max_tensor_numel) {
+      fail(ErrorCode::tensor_numel_limit, "pickle writer: a ", dtype_name(tensor.dtype),
+           " view has more elements than Limits::max_tensor_numel (", limits.max_tensor_numel, ")");
+    }
+    if (!bytes || *bytes > limits.max_tensor_logical_bytes || (bound && *bytes > *bound)) {
       fail(ErrorCode::tensor_bytes_limit, "pickle writer: a ", dtype_name(tensor.dtype),
            " view describes more elements than the Limits allow over a storage of ", tensor.storage->nbytes(),
            " bytes");

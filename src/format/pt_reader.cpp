@@ -99,7 +99,7 @@ class ZipStorageResolver final : public StorageResolver {
       // late to swap it once; torch writes big-endian archives only on
       // big-endian hosts, so this combination is refused rather than guessed.
       if (request.untyped) {
-        fail(ErrorCode::byteorder_invalid, "storage '", request.key,
+        fail(ErrorCode::byteorder_unsupported, "storage '", request.key,
              "': big-endian archives with untyped storages are not supported");
       }
       swap_to_little_endian(bytes, swap_unit(request.dtype));
@@ -123,7 +123,7 @@ std::string describe_producer(const FormatMarkers& markers) {
   if (markers.serialization_id) return "torch >= 2.1 (.data/serialization_id record)";
   if (markers.byteorder) return "torch >= 2.1 or holdpoint (byteorder record)";
   if (markers.version && *markers.version < 3) return "torch 1.4-1.5 (opt-in zip, archive version < 3)";
-  return "torch 1.6-2.0 or a compatible writer (holdpoint, LibTorch pickle_save)";
+  return "torch 1.6-2.0, or another writer that omits byteorder (LibTorch pickle_save)";
 }
 
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
@@ -154,13 +154,22 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   FormatMarkers& markers = parsed.markers;
   markers.archive_name = archive.archive_name;
 
-  const ZipEntry* version = archive.find(".data/version");
-  if (!version) version = archive.find("version");
-  if (!version) fail(ErrorCode::record_missing, "the archive has no 'version' record");
-  markers.version = parse_decimal_record(as_text(zip_entry_bytes(file, *version)), ErrorCode::version_invalid,
-                                         version->record);
-  if (*markers.version < 1 || *markers.version > 10) {
-    fail(ErrorCode::version_unsupported, "archive version ", *markers.version, " is outside 1..10");
+  // Record contents are interpreted only after their CRCs matched, so a
+  // damaged record is reported as damage, not as a strange value.
+  verify_zip_crcs(archive, file, limits);
+
+  // PyTorch prefers .data/version when both exist; both must be sane.
+  const ZipEntry* data_version = archive.find(".data/version");
+  const ZipEntry* plain_version = archive.find("version");
+  if (!data_version && !plain_version) fail(ErrorCode::record_missing, "the archive has no 'version' record");
+  for (const ZipEntry* version : {plain_version, data_version}) {
+    if (!version) continue;
+    markers.version = parse_decimal_record(as_text(zip_entry_bytes(file, *version)), ErrorCode::version_invalid,
+                                           version->record);
+    if (*markers.version < 1 || *markers.version > 10) {
+      fail(ErrorCode::version_unsupported, "record '", version->record, "': archive version ", *markers.version,
+           " is outside 1..10");
+    }
   }
   bool big_endian = false;
   if (const ZipEntry* byteorder = archive.find("byteorder")) {
@@ -187,8 +196,6 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
     }
     markers.serialization_id = std::string(value);
   }
-
-  verify_zip_crcs(archive, file, limits);
 
   const ZipEntry* pickle = archive.find("data.pkl");
   if (!pickle) fail(ErrorCode::record_missing, "the archive has no 'data.pkl' record");

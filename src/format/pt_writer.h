@@ -1,8 +1,9 @@
 // Writer for PyTorch zip checkpoints: the restricted pickle of a Value plus
 // one stored record per storage, streamed through a ByteSink.
 //
-// Record order is torch.save's: data.pkl, byteorder, data/0 .. data/N-1,
-// version. Storage bytes go from tensor memory to the sink without a copy
+// Record order is torch 2.x's: data.pkl, byteorder, data/0 .. data/N-1 in
+// numeric order, version (torch 1.13 omits byteorder and orders the storage
+// records as strings; readers do not care). Storage bytes go from tensor memory to the sink without a copy
 // (ByteSink::write_stable), so the Value must stay alive until the sink is
 // finished.
 //

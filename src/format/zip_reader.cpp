@@ -110,10 +110,12 @@ struct ExtraBlocks {
   std::optional<std::span<const std::byte>> zip64;  // the block's data
 };
 
-// Walks (id, length, data) blocks; only zip64 and PyTorch's "FB" padding are
-// allowed, each at most once, and the blocks must fill the field exactly.
+// Walks (id, length, data) blocks; only zip64 and (in local headers) PyTorch's
+// "FB" padding are allowed, each at most once, and the blocks must fill the
+// field exactly. Padding must be the 'Z' bytes PyTorch writes, so that no
+// byte of the file can carry anything the reader does not account for.
 ExtraBlocks parse_extra(std::span<const std::byte> extra, std::size_t index, std::string_view name,
-                        const char* where) {
+                        const char* where, bool padding_allowed) {
   ExtraBlocks blocks;
   bool seen_padding = false;
   std::size_t pos = 0;
@@ -131,11 +133,16 @@ ExtraBlocks parse_extra(std::span<const std::byte> extra, std::size_t index, std
     }
     if (id == zip::kZip64ExtraId && !blocks.zip64) {
       blocks.zip64 = extra.subspan(pos, length);
-    } else if (id == zip::kPaddingExtraId && !seen_padding) {
+    } else if (id == zip::kPaddingExtraId && padding_allowed && !seen_padding) {
       seen_padding = true;
+      const auto padding = extra.subspan(pos, length);
+      if (std::any_of(padding.begin(), padding.end(), [](std::byte b) { return b != zip::kPaddingByte; })) {
+        fail(ErrorCode::zip_extra_field_invalid, entry_label(index, name), ": ", where,
+             " padding block holds bytes other than 'Z'");
+      }
     } else {
       fail(ErrorCode::zip_extra_field_invalid, entry_label(index, name), ": ", where, " extra block 0x", std::hex,
-           id, std::dec, " is repeated or not one PyTorch writes (zip64 0x0001, padding 0x4246)");
+           id, std::dec, " is repeated or not one PyTorch writes there (zip64 0x0001; padding 0x4246 in local headers only)");
     }
     pos += length;
   }
@@ -211,9 +218,9 @@ DirectoryBounds read_end_records(std::span<const std::byte> file) {
   const std::uint64_t count64 = load_u64(file, zip64_end_offset + 32);
   const std::uint64_t size64 = load_u64(file, zip64_end_offset + 40);
   const std::uint64_t offset64 = load_u64(file, zip64_end_offset + 48);
-  // The record (with any extensible data) must end exactly at the locator:
-  // bytes between the two would be unaccounted for.
-  if (record_size < zip::kZip64EndSizeField ||
+  // The record must end exactly at the locator, and without the optional
+  // "extensible data" PyTorch never writes: bytes there would be unaccounted for.
+  if (record_size != zip::kZip64EndSizeField ||
       record_size != locator_offset - zip64_end_offset - zip::kZip64EndLeadingBytes) {
     fail(ErrorCode::zip64_eocd_invalid, "zip64 end record at ", zip64_end_offset, " has size field ", record_size,
          " but ", locator_offset - zip64_end_offset - zip::kZip64EndLeadingBytes, " bytes precede the locator");
@@ -295,6 +302,10 @@ std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t 
   const std::uint32_t offset32 = load_u32(file, pos + 42);
 
   const std::uint64_t variable_size = std::uint64_t{name_size} + extra_size + comment_size;
+  if (comment_size != 0) {
+    fail(ErrorCode::zip_central_directory_invalid, "zip central directory entry ", index, " at offset ", pos,
+         " has a ", comment_size, "-byte comment (PyTorch writes none; it would hide unchecked bytes)");
+  }
   if (directory_end - pos - zip::kCentralHeaderSize < variable_size) {
     fail(ErrorCode::zip_central_directory_invalid, "zip central directory entry ", index, " at offset ", pos,
          " runs past the end of the directory");
@@ -318,7 +329,7 @@ std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t 
   if (disk != 0) fail(ErrorCode::zip_multi_disk, entry_label(index, name), ": starts on disk ", disk);
 
   const CentralValues values =
-      apply_zip64(parse_extra(extra, index, name, "central"), uncompressed32, compressed32, offset32, index, name);
+      apply_zip64(parse_extra(extra, index, name, "central", false), uncompressed32, compressed32, offset32, index, name);
   if (values.compressed_size != values.uncompressed_size) {
     fail(ErrorCode::zip_size_mismatch, entry_label(index, name), ": compressed size ", values.compressed_size,
          " differs from uncompressed size ", values.uncompressed_size);
@@ -436,7 +447,7 @@ void read_local_entry(std::span<const std::byte> file, std::uint64_t directory_o
     }
   }
   const ExtraBlocks extra =
-      parse_extra(file.subspan(lho + zip::kLocalHeaderSize + name_size, extra_size), index, entry.name, "local");
+      parse_extra(file.subspan(lho + zip::kLocalHeaderSize + name_size, extra_size), index, entry.name, "local", true);
 
   entry.data_offset = header_end;
   const std::uint64_t data_end = add_or_fail(header_end, entry.size, ErrorCode::zip_entries_overlap,

@@ -433,6 +433,9 @@ TEST(PickleWriter, RefusesTensorsOutsideTheirStorage) {
   expanded.sizes = {1 << 20};
   expanded.strides = {0};
   EXPECT_ERROR_CODE(write_pickle(Value::tensor(expanded)), ErrorCode::tensor_bytes_limit);
+  PickleWriteOptions few_elements;
+  few_elements.limits.max_tensor_numel = 1000;
+  EXPECT_ERROR_CODE(write_pickle(Value::tensor(expanded), few_elements), ErrorCode::tensor_numel_limit);
   TensorData grad = TensorData::from_bytes(DType::int64, {1}, std::vector<std::byte>(8));
   grad.requires_grad = true;
   EXPECT_ERROR_CODE(write_pickle(Value::tensor(grad)), ErrorCode::tensor_requires_grad_invalid);

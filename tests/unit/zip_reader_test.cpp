@@ -386,6 +386,45 @@ TEST(ZipReaderRejects, CentralEntryRunsPastTheDirectory) {
   EXPECT_ERROR_CODE(read_zip_directory(bytes, Limits{}), ErrorCode::zip_central_directory_invalid);
 }
 
+// No byte of an accepted archive is left unchecked: padding must be PyTorch's
+// 'Z' bytes, central entries carry no comments or padding, and the zip64 end
+// record has no extensible data. Each would otherwise hide a payload.
+TEST(ZipReaderRejects, PaddingBytesOtherThanZ) {
+  auto bytes = small_archive();
+  const std::size_t local = zip_offsets(bytes).local_headers[0];
+  const std::size_t name_size = get_le(bytes, local + 26, 2);
+  const std::size_t extra_size = get_le(bytes, local + 28, 2);
+  ASSERT_GT(extra_size, 4u);
+  bytes[local + 30 + name_size + extra_size - 1] = std::byte{'!'};
+  EXPECT_ERROR_CODE(read_zip_directory(bytes, Limits{}), ErrorCode::zip_extra_field_invalid);
+}
+
+TEST(ZipReaderRejects, PaddingBlockInTheCentralDirectory) {
+  auto layout = two_entries();
+  layout.entries[0].central_extra = le_bytes({{0x4246, 2}, {0, 2}});
+  EXPECT_ERROR_CODE(read_zip_directory(build_zip(layout), Limits{}), ErrorCode::zip_extra_field_invalid);
+}
+
+TEST(ZipReaderRejects, CentralEntryComment) {
+  auto bytes = small_archive();
+  const auto offsets = zip_offsets(bytes);
+  // Claim a 2-byte comment that takes the next entry's first bytes: the
+  // comment check comes before any parse of what follows.
+  put_le(bytes, offsets.central_entries[0] + 32, 2, 2);
+  EXPECT_ERROR_CODE(read_zip_directory(bytes, Limits{}), ErrorCode::zip_central_directory_invalid);
+}
+
+TEST(ZipReaderRejects, Zip64EndRecordExtensibleData) {
+  auto bytes = small_archive();
+  const std::size_t zip64_end = *zip_offsets(bytes).zip64_end_record;
+  // Insert 4 bytes of "extensible data" and make every size and offset agree.
+  bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(zip64_end + 56), 4, std::byte{0});
+  put_le(bytes, zip64_end + 4, 48, 8);
+  const std::size_t locator = zip64_end + 60;
+  EXPECT_EQ(get_le(bytes, locator, 4), 0x07064b50u);
+  EXPECT_ERROR_CODE(read_zip_directory(bytes, Limits{}), ErrorCode::zip64_eocd_invalid);
+}
+
 TEST(ZipReaderRejects, BytesAfterTheLastCentralEntry) {
   // The end records count one entry fewer than the directory holds.
   auto layout = two_entries();

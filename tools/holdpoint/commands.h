@@ -19,6 +19,7 @@ inline constexpr int kExitUsage = 2;
 void add_inspect_command(CLI::App& app, int& exit_code);
 void add_verify_command(CLI::App& app, int& exit_code);
 void add_convert_command(CLI::App& app, int& exit_code);
+void add_codes_command(CLI::App& app, int& exit_code);
 
 // 2 for errors about the environment (files that cannot be opened, bad
 // arguments), 1 for everything that says the file itself is invalid.
