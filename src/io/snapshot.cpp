@@ -22,7 +22,6 @@ namespace {
 constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
 // Below this size a second thread costs more than it saves.
 constexpr std::size_t kThreadedHashBytes = std::size_t{8} << 20;
-constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
 class FileDescriptor {
  public:
@@ -62,7 +61,6 @@ std::shared_ptr<Buffer> Buffer::allocate(std::size_t size) {
   if (memory == MAP_FAILED) {
     fail(ErrorCode::io_read_failed, "cannot allocate ", size, " bytes of private memory: ", std::strerror(errno));
   }
-  if (mapped >= kHugePageBytes) ::madvise(memory, mapped, MADV_HUGEPAGE);
   return std::shared_ptr<Buffer>(new Buffer(static_cast<std::byte*>(memory), size, mapped));
 }
 
