@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +52,9 @@ struct LoadOptions {
   // 64 hex digits. Should come from an authenticated source: a digest stored
   // beside an attacker-controlled file authenticates nothing.
   std::optional<std::string> expected_sha256;
+  // Reports reading progress of large files as (bytes read, file size), on
+  // the calling thread; reading is the only phase that takes seconds.
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress;
 };
 
 // One zip record (or one storage of a legacy stream), for inspection.

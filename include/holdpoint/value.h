@@ -28,7 +28,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -136,6 +135,7 @@ class Dict {
 
   const Value* find(const DictKey& key) const;
   const Value* find(std::string_view key) const;
+  const Value* find(std::int64_t key) const;
   bool contains(const DictKey& key) const { return find(key) != nullptr; }
   // The value for `key`; throws Error(invalid_argument) naming the key if absent.
   const Value& at(const DictKey& key) const;
@@ -151,14 +151,16 @@ class Dict {
   void set_metadata(Value metadata);
 
  private:
-  std::size_t* index_of(const DictKey& key) const;
-  void index_entry(std::size_t i) const;
+  template <typename Key>
+  std::ptrdiff_t position_of(const Key& key) const;
+  void index_entry(std::uint32_t position);
+  void rebuild_index();
 
   std::vector<Entry> entries_;
-  // Built lazily once the dict is large enough for scans to matter.
-  mutable std::unordered_map<std::string, std::size_t> string_index_;
-  mutable std::unordered_map<std::int64_t, std::size_t> int_index_;
-  mutable bool indexed_ = false;
+  // Open-addressing table of entry positions + 1 (0 = empty slot), built once
+  // the dict is large enough for scans to matter. It stores no keys of its
+  // own, so indexing a state dict of 100k tensors copies no strings.
+  std::vector<std::uint32_t> slots_;
   std::shared_ptr<const Value> metadata_;
 };
 

@@ -50,7 +50,7 @@ LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const L
           .with_path(path.string());
     }
   }
-  io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, expected);
+  io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, expected, options.progress);
   try {
     auto buffer = snapshot.buffer;
     LoadedMapping mapping = parse_checkpoint_bytes(buffer->bytes(), buffer, options.limits);

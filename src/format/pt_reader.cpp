@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
-#include <unordered_set>
+#include <vector>
 
 #include "common/checked_arithmetic.h"
 #include "common/fail.h"
@@ -77,7 +77,7 @@ class ZipStorageResolver final : public StorageResolver {
  public:
   ZipStorageResolver(std::span<std::byte> file, const ZipArchive& archive, const std::shared_ptr<const void>& owner,
                      bool big_endian)
-      : file_(file), archive_(archive), owner_(owner), big_endian_(big_endian) {}
+      : file_(file), archive_(archive), owner_(owner), big_endian_(big_endian), referenced_(archive.entries.size()) {}
 
   std::shared_ptr<const Storage> resolve(const StorageRequest& request) override {
     const std::string record = "data/" + request.key;
@@ -104,18 +104,18 @@ class ZipStorageResolver final : public StorageResolver {
       }
       swap_to_little_endian(bytes, swap_unit(request.dtype));
     }
-    referenced_.insert(record);
+    referenced_[static_cast<std::size_t>(entry - archive_.entries.data())] = true;
     return std::make_shared<const Storage>(bytes.data(), bytes.size(), owner_);
   }
 
-  bool referenced(const std::string& record) const { return referenced_.count(record) != 0; }
+  bool referenced(std::size_t entry_index) const { return referenced_[entry_index]; }
 
  private:
   std::span<std::byte> file_;
   const ZipArchive& archive_;
   std::shared_ptr<const void> owner_;
   bool big_endian_;
-  std::unordered_set<std::string> referenced_;
+  std::vector<bool> referenced_;  // by entry index
 };
 
 std::string describe_producer(const FormatMarkers& markers) {
@@ -208,8 +208,9 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
 
   // PyTorch writes exactly the storages its pickle references; anything else
   // is data smuggled past the pickle.
-  for (const ZipEntry& entry : archive.entries) {
-    if (entry.record.starts_with("data/") && !resolver.referenced(entry.record)) {
+  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
+    const ZipEntry& entry = archive.entries[i];
+    if (entry.record.starts_with("data/") && !resolver.referenced(i)) {
       fail(ErrorCode::record_unreferenced, "record '", entry.record, "' is not referenced by data.pkl");
     }
   }

@@ -136,44 +136,73 @@ std::string DictKey::to_string() const {
 // ---- Dict ----------------------------------------------------------------------------
 
 namespace {
+
+// Below this many entries a linear scan beats hashing.
 constexpr std::size_t kIndexThreshold = 16;
+
+std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  return x;
 }
 
-void Dict::index_entry(std::size_t i) const {
-  const DictKey& key = entries_[i].first;
-  if (key.is_string()) {
-    string_index_.emplace(key.as_string(), i);
-  } else {
-    int_index_.emplace(key.as_int(), i);
-  }
+std::uint64_t key_hash(std::string_view key) { return std::hash<std::string_view>{}(key); }
+std::uint64_t key_hash(std::int64_t key) { return mix(static_cast<std::uint64_t>(key)); }
+std::uint64_t key_hash(const DictKey& key) {
+  return key.is_string() ? key_hash(std::string_view(key.as_string())) : key_hash(key.as_int());
 }
 
-std::size_t* Dict::index_of(const DictKey& key) const {
-  if (!indexed_) {
-    if (entries_.size() < kIndexThreshold) return nullptr;
-    for (std::size_t i = 0; i < entries_.size(); ++i) index_entry(i);
-    indexed_ = true;
+bool key_equals(const DictKey& stored, std::string_view key) { return stored.is_string() && stored.as_string() == key; }
+bool key_equals(const DictKey& stored, std::int64_t key) { return stored.is_integer() && stored.as_int() == key; }
+bool key_equals(const DictKey& stored, const DictKey& key) { return stored == key; }
+
+}  // namespace
+
+void Dict::index_entry(std::uint32_t position) {
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t slot = key_hash(entries_[position].first) & mask;
+  while (slots_[slot] != 0) slot = (slot + 1) & mask;
+  slots_[slot] = position + 1;
+}
+
+void Dict::rebuild_index() {
+  std::size_t capacity = 64;
+  while (capacity < 2 * entries_.size()) capacity *= 2;
+  slots_.assign(capacity, 0);
+  for (std::size_t i = 0; i < entries_.size(); ++i) index_entry(static_cast<std::uint32_t>(i));
+}
+
+template <typename Key>
+std::ptrdiff_t Dict::position_of(const Key& key) const {
+  if (slots_.empty()) {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (key_equals(entries_[i].first, key)) return static_cast<std::ptrdiff_t>(i);
+    }
+    return -1;
   }
-  if (key.is_string()) {
-    auto it = string_index_.find(key.as_string());
-    return it == string_index_.end() ? nullptr : &it->second;
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t slot = key_hash(key) & mask; slots_[slot] != 0; slot = (slot + 1) & mask) {
+    const std::uint32_t position = slots_[slot] - 1;
+    if (key_equals(entries_[position].first, key)) return position;
   }
-  auto it = int_index_.find(key.as_int());
-  return it == int_index_.end() ? nullptr : &it->second;
+  return -1;
 }
 
 const Value* Dict::find(const DictKey& key) const {
-  if (entries_.size() < kIndexThreshold && !indexed_) {
-    for (const auto& entry : entries_) {
-      if (entry.first == key) return &entry.second;
-    }
-    return nullptr;
-  }
-  const std::size_t* i = index_of(key);
-  return i ? &entries_[*i].second : nullptr;
+  const auto i = position_of(key);
+  return i < 0 ? nullptr : &entries_[static_cast<std::size_t>(i)].second;
 }
 
-const Value* Dict::find(std::string_view key) const { return find(DictKey(std::string(key))); }
+const Value* Dict::find(std::string_view key) const {
+  const auto i = position_of(key);
+  return i < 0 ? nullptr : &entries_[static_cast<std::size_t>(i)].second;
+}
+
+const Value* Dict::find(std::int64_t key) const {
+  const auto i = position_of(key);
+  return i < 0 ? nullptr : &entries_[static_cast<std::size_t>(i)].second;
+}
 
 const Value& Dict::at(const DictKey& key) const {
   const Value* value = find(key);
@@ -182,19 +211,29 @@ const Value& Dict::at(const DictKey& key) const {
 }
 
 bool Dict::insert(DictKey key, Value value) {
-  if (find(key)) return false;
+  if (position_of(key) >= 0) return false;
+  if (entries_.size() >= UINT32_MAX - 1) fail(ErrorCode::invalid_argument, "dict is full");
   entries_.emplace_back(std::move(key), std::move(value));
-  if (indexed_) index_entry(entries_.size() - 1);
+  // The index is maintained here, never by lookups, so that const access
+  // stays free of writes (and safe from several threads). Doubling keeps the
+  // rebuilds amortised O(1) per insert.
+  if (entries_.size() >= kIndexThreshold) {
+    if (slots_.size() < 2 * entries_.size()) {
+      rebuild_index();
+    } else {
+      index_entry(static_cast<std::uint32_t>(entries_.size() - 1));
+    }
+  }
   return true;
 }
 
 void Dict::insert_or_assign(DictKey key, Value value) {
-  if (const Value* existing = find(key)) {
-    const_cast<Value&>(*existing) = std::move(value);
+  const auto i = position_of(key);
+  if (i >= 0) {
+    entries_[static_cast<std::size_t>(i)].second = std::move(value);
     return;
   }
-  entries_.emplace_back(std::move(key), std::move(value));
-  if (indexed_) index_entry(entries_.size() - 1);
+  insert(std::move(key), std::move(value));
 }
 
 void Dict::set_metadata(Value metadata) { metadata_ = std::make_shared<const Value>(std::move(metadata)); }

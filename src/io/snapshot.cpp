@@ -22,6 +22,7 @@ namespace {
 constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
 // Below this size a second thread costs more than it saves.
 constexpr std::size_t kThreadedHashBytes = std::size_t{8} << 20;
+constexpr std::size_t kProgressBytes = std::size_t{64} << 20;
 
 class FileDescriptor {
  public:
@@ -67,7 +68,7 @@ std::shared_ptr<Buffer> Buffer::allocate(std::size_t size) {
 Buffer::~Buffer() { ::munmap(data_, mapped_); }
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
-                       const std::optional<Sha256Digest>& expected_sha256) {
+                       const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress) {
   try {
     FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) fail(ErrorCode::io_open_failed, "cannot open: ", std::strerror(errno));
@@ -90,6 +91,7 @@ Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_byte
       const std::size_t got = read_fully(fd.get(), data, size, path);
       if (got != size) fail(ErrorCode::file_changed_during_read, "file shrank from ", size, " to ", got, " bytes");
       hasher.update(data, size);
+      if (progress) progress(size, size);
     } else {
       // The reader (this thread) publishes how far the buffer is filled; the
       // hasher follows behind. SHA-256 is sequential, so this is the best two
@@ -118,6 +120,7 @@ Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_byte
           done += got;
           filled.store(done, std::memory_order_release);
           filled.notify_one();
+          if (progress && (done % kProgressBytes < want || done == size)) progress(done, size);
           if (got != want) {
             fail(ErrorCode::file_changed_during_read, "file shrank from ", size, " to ", done, " bytes");
           }

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -51,7 +52,12 @@ struct Snapshot {
   Sha256Digest sha256;
 };
 
+// Called on the reading thread with (bytes read, file size) every few dozen
+// MiB of a large file, and once at the end.
+using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)>;
+
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
-                       const std::optional<Sha256Digest>& expected_sha256 = std::nullopt);
+                       const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,
+                       const ReadProgress& progress = {});
 
 }  // namespace holdpoint::io

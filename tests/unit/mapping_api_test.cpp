@@ -104,6 +104,32 @@ TEST(MappingApi, ExpectedDigestIsCheckedBeforeParsing) {
   EXPECT_ERROR_CODE(load_checkpoint_mapping(path, options), ErrorCode::sha256_invalid);
 }
 
+TEST(MappingApi, ProgressIsReportedUpToTheWholeFile) {
+  TempDir dir;
+  // 24 MiB: large enough for the threaded read path and several reports.
+  std::vector<float> big(6 << 20, 1.5f);
+  Dict root;
+  root.insert("big", Value::tensor(make_tensor<float>(DType::float32, {6 << 20}, big)));
+  const auto path = dir / "big.pt";
+  const SaveResult saved = save_mapping(path, Value::dict(std::move(root)));
+  for (const bool large : {true, false}) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> reports;
+    LoadOptions options;
+    options.progress = [&](std::uint64_t done, std::uint64_t total) { reports.emplace_back(done, total); };
+    if (large) {
+      load_checkpoint_mapping(path, options);
+      ASSERT_FALSE(reports.empty());
+      EXPECT_EQ(reports.back(), std::make_pair(saved.file_bytes, saved.file_bytes));
+      EXPECT_TRUE(std::is_sorted(reports.begin(), reports.end()));
+    } else {
+      save_mapping(dir / "small.pt", sample_mapping());
+      load_checkpoint_mapping(dir / "small.pt", options);
+      ASSERT_EQ(reports.size(), 1u);
+      EXPECT_EQ(reports[0].first, reports[0].second);
+    }
+  }
+}
+
 TEST(MappingApi, ErrorsNameTheFile) {
   TempDir dir;
   const auto path = dir / "bad.pt";

@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "holdpoint/error.h"
@@ -20,6 +22,10 @@ void add_inspect_command(CLI::App& app, int& exit_code);
 void add_verify_command(CLI::App& app, int& exit_code);
 void add_convert_command(CLI::App& app, int& exit_code);
 void add_codes_command(CLI::App& app, int& exit_code);
+
+// Prints "reading FILE: 37% (...)" on stderr for files of 256 MiB and more,
+// when stderr is a terminal; an empty function otherwise.
+std::function<void(std::uint64_t, std::uint64_t)> terminal_progress(const std::string& label);
 
 // 2 for errors about the environment (files that cannot be opened, bad
 // arguments), 1 for everything that says the file itself is invalid.

@@ -36,7 +36,9 @@ void require_flat_tensor_mapping(const Value& root) {
 
 int run_convert(const ConvertArguments& args) {
   try {
-    const LoadedMapping input = load_checkpoint_mapping(args.input);
+    LoadOptions load_options;
+    load_options.progress = terminal_progress("reading " + args.input);
+    const LoadedMapping input = load_checkpoint_mapping(args.input, load_options);
     require_flat_tensor_mapping(input.root);
     SaveOptions options;
     options.format = format_for_output(args.output);

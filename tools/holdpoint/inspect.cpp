@@ -123,7 +123,9 @@ nlohmann::ordered_json markers_json(const FormatMarkers& markers) {
 int run_inspect(const InspectArguments& args) {
   LoadedMapping mapping;
   try {
-    mapping = load_checkpoint_mapping(args.file);
+    LoadOptions options;
+    options.progress = terminal_progress("reading " + args.file);
+    mapping = load_checkpoint_mapping(args.file, options);
   } catch (const Error& error) {
     std::cerr << (exit_code_for(error.code()) == kExitInvalid ? "invalid: " : "error: ")
               << error_code_name(error.code()) << ": " << error.what() << "\n";

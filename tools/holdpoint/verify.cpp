@@ -21,6 +21,7 @@ int run_verify(const VerifyArguments& args) {
   report["file"] = args.file;
   try {
     LoadOptions options;
+    options.progress = terminal_progress("reading " + args.file);
     if (!args.sha256.empty()) options.expected_sha256 = args.sha256;
     if (args.sidecar) options.expected_sha256 = read_sha256_sidecar(args.file).hex();
     const LoadedMapping mapping = load_checkpoint_mapping(args.file, options);
