@@ -8,7 +8,6 @@
 // Prints a Markdown report (bench/RESULTS.md records one). Every figure is the
 // median of N runs; ratios are "times faster than the baseline" (> 1 is better).
 #include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
@@ -75,30 +74,38 @@ std::uint64_t status_kib(const char* field) {
   return 0;
 }
 
-// Peak RSS added by `action`, measured in a forked child so earlier work does
-// not count: the child resets its high-water mark (clear_refs 5), records RSS,
-// runs the action, and reports VmHWM - RSS.
-std::uint64_t extra_peak_bytes(const std::function<void()>& action) {
-  int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    std::ofstream("/proc/self/clear_refs") << "5";
-    const std::uint64_t before = status_kib("VmRSS:");
-    action();
-    const std::uint64_t peak = status_kib("VmHWM:");
-    const std::uint64_t extra = (peak > before ? peak - before : 0) * 1024;
-    if (::write(pipe_fds[1], &extra, sizeof extra) != sizeof extra) ::_exit(1);
-    ::_exit(0);
-  }
-  ::close(pipe_fds[1]);
-  std::uint64_t extra = 0;
-  if (::read(pipe_fds[0], &extra, sizeof extra) != sizeof extra) extra = 0;
-  ::close(pipe_fds[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+// Peak RSS added by one load, measured in a fresh process (this binary run
+// with --peak KIND FILE [SHA256]) so that memory the allocator kept from
+// earlier work cannot hide the load's own: the child records RSS after start
+// up, loads, and prints VmHWM - RSS in bytes.
+std::uint64_t extra_peak_bytes(const std::string& self, const std::string& kind, const std::filesystem::path& file,
+                               const std::string& sha256 = "") {
+  const std::string command = self + " --peak " + kind + " " + file.string() + " " + sha256;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run " + command);
+  unsigned long long extra = 0;
+  const int parsed = std::fscanf(pipe, "%llu", &extra);
+  if (::pclose(pipe) != 0 || parsed != 1) throw std::runtime_error("peak measurement failed: " + command);
   return extra;
+}
+
+int run_peak(const std::string& kind, const std::string& file, const std::string& sha256) {
+  const std::uint64_t before = status_kib("VmRSS:");
+  std::size_t count = 0;
+  if (kind == "holdpoint") {
+    holdpoint::LoadOptions options;
+    if (!sha256.empty()) options.expected_sha256 = sha256;
+    const auto mapping = holdpoint::load_checkpoint_mapping(file, options);
+    count = mapping.root.as_dict().size();
+  } else {
+    std::vector<at::Tensor> loaded;
+    torch::load(loaded, file);
+    count = loaded.size();
+  }
+  const std::uint64_t peak = status_kib("VmHWM:");
+  if (count == 0) return 1;
+  std::printf("%llu\n", static_cast<unsigned long long>((peak > before ? peak - before : 0) * 1024));
+  return 0;
 }
 
 struct PythonFigures {
@@ -126,8 +133,8 @@ PythonFigures run_python_peer(const std::string& python, const std::string& scri
   return figures;
 }
 
-void run_case(const BenchCase& bench_case, int repeat, const std::filesystem::path& dir, const std::string& python,
-              const std::string& python_script) {
+void run_case(const std::string& self, const BenchCase& bench_case, int repeat, const std::filesystem::path& dir,
+              const std::string& python, const std::string& python_script) {
   std::vector<at::Tensor> tensors;
   holdpoint::Dict entries;
   for (std::int64_t i = 0; i < bench_case.tensors; ++i) {
@@ -201,16 +208,11 @@ void run_case(const BenchCase& bench_case, int repeat, const std::filesystem::pa
     return seconds_of([&] {
       std::vector<at::Tensor> loaded;
       torch::load(loaded, libtorch.string());
+      if (loaded.size() != static_cast<std::size_t>(bench_case.tensors)) std::abort();
     });
   });
-  const std::uint64_t our_peak = extra_peak_bytes([&] {
-    const auto mapping = holdpoint::load_checkpoint_mapping(ours, verified);
-    if (mapping.root.as_dict().empty()) std::abort();
-  });
-  const std::uint64_t libtorch_peak = extra_peak_bytes([&] {
-    std::vector<at::Tensor> loaded;
-    torch::load(loaded, libtorch.string());
-  });
+  const std::uint64_t our_peak = extra_peak_bytes(self, "holdpoint", ours, saved.sha256.hex());
+  const std::uint64_t libtorch_peak = extra_peak_bytes(self, "libtorch", libtorch);
   const PythonFigures py = run_python_peer(python, python_script, bench_case, dir, repeat);
 
   const double gb = static_cast<double>(state_bytes) / 1e9;
@@ -259,6 +261,8 @@ void run_case(const BenchCase& bench_case, int repeat, const std::filesystem::pa
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "--peak") return run_peak(argv[2], argv[3], argc >= 5 ? argv[4] : "");
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   std::string which = "all";
   int repeat = 3;
   std::filesystem::path dir = std::filesystem::temp_directory_path();
@@ -280,8 +284,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) std::printf(" %s", argv[i]);
   std::printf("\n");
   try {
-    if (which == "big" || which == "all") run_case({"1 GiB state", 64, 4 << 20}, repeat, dir, python, script);
-    if (which == "many" || which == "all") run_case({"20,000 small tensors", 20000, 1000}, repeat, dir, python, script);
+    if (which == "big" || which == "all") run_case(self, {"1 GiB state", 64, 4 << 20}, repeat, dir, python, script);
+    if (which == "many" || which == "all") run_case(self, {"20,000 small tensors", 20000, 1000}, repeat, dir, python, script);
   } catch (const std::exception& error) {
     std::cerr << "benchmark failed: " << error.what() << "\n";
     return 1;
