@@ -66,6 +66,31 @@ TEST(MappingApi, SaveThenLoadRoundTripsContentAndDigest) {
   EXPECT_EQ(count_files(dir.path()), 1u) << "no staging file may remain";
 }
 
+// More than 65,535 storages means more than 65,535 zip records: the end
+// record's 16-bit counts saturate and only the zip64 records hold the truth.
+// Keys are unicode and the values nest, so the whole path is exercised.
+TEST(MappingApi, MoreThan65535RecordsWithUnicodeKeysRoundTrip) {
+  TempDir dir;
+  constexpr int kTensors = 65'600;
+  Dict layers;
+  for (int i = 0; i < kTensors; ++i) {
+    const std::int32_t values[2] = {i, -i};
+    layers.insert("couche_\xc3\xa9_" + std::to_string(i),
+                  Value::tensor(TensorData::from_bytes(
+                      DType::int32, {2}, std::span<const std::byte>(reinterpret_cast<const std::byte*>(values), 8))));
+  }
+  Dict root;
+  root.insert("\xe6\xa8\xa1\xe5\x9e\x8b", Value::ordered_dict(std::move(layers)));
+  root.insert("nested", Value::list({Value::tuple({Value::dict(), Value::list({Value::string("\xf0\x9f\x98\x80")})})}));
+  const Value original = Value::dict(std::move(root));
+  const auto path = dir / "many.pt";
+  const SaveResult saved = save_mapping(path, original);
+  EXPECT_EQ(saved.storage_count, static_cast<std::uint64_t>(kTensors));
+  const LoadedMapping loaded = load_checkpoint_mapping(path);
+  EXPECT_EQ(loaded.records.size(), static_cast<std::size_t>(kTensors) + 3);
+  EXPECT_EQ(describe_difference(original, loaded.root), "");
+}
+
 TEST(MappingApi, LoadedTensorsAreViewsIntoOneSnapshotThatOutlivesTheMapping) {
   TempDir dir;
   const auto path = dir / "state.pt";
