@@ -3,23 +3,39 @@
 //
 // Shape of the machine: a stack of Items split into frames by MARK (as in
 // CPython, an opcode sees only the items above the newest MARK), a memo of
-// Items, and a cache of storages by key. An Item is a Value, or one of the
-// things only the VM handles: an allowlisted global, a storage from BINPERSID,
-// or a tuple that holds such things (persistent ids and REDUCE arguments).
-// Every Item carries the size of its subtree counted through shared references,
-// its container nesting depth, and whether a mutable container is reachable
-// from it; the first bounds BINGET expansion, the last forbids aliasing.
+// Items, and a table of storages by key. An Item is a scalar, a string, a
+// tuple, a container or tensor, or one of the things only the VM handles: an
+// allowlisted global or a storage from BINPERSID. Every Item carries the size
+// of its subtree counted through shared references, its container nesting
+// depth, and whether a mutable container is reachable from it; the first
+// bounds BINGET expansion, the last forbids aliasing.
+//
+// Items are plain words, so that pushing, memoizing and BINGET cost a copy of
+// 24 bytes. Scalars are held inline; everything else by position in arenas the
+// machine owns until it returns. Strings and bytes are views of the pickle and
+// tuples are runs of Items; either becomes a Value only where the result needs
+// one (a list element, a dict value, the root), and then once, so that every
+// reference to one opcode's object shares one Value node as before. Most never
+// do: persistent-id fields, dict keys, REDUCE arguments and tensor sizes are
+// read straight from the Items, which is what keeps a state dict from costing
+// a dozen allocations and frees per tensor. Likewise a list, dict or
+// OrderedDict becomes a Value only when something is added to it or it is
+// handed out (torch.save writes an empty OrderedDict of backward hooks for
+// every tensor). Doing that in place on the stack is sound because a mutable
+// container is never shared: memo_get refuses one, so the copy a memo slot
+// keeps is only ever named in a message.
 #include "format/pickle_reader.h"
 
 #include <algorithm>
 #include <bit>
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <new>
 #include <optional>
-#include <unordered_map>
+#include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "common/checked_arithmetic.h"
@@ -44,50 +60,113 @@ enum class GlobalKind : std::uint8_t {
   dtype,                 // torch.<dtype>: only as _rebuild_tensor_v3's dtype
 };
 
+// Trivial (no member initializers) so that it can share a union in Item.
 struct GlobalRef {
-  GlobalKind kind = GlobalKind::ordered_dict;
-  DType dtype = DType::uint8;  // storage_type and dtype only
+  GlobalKind kind;
+  DType dtype;  // storage_type and dtype only
 };
 
+// What a BINPERSID declared and resolved; `key` views the pickle.
 struct StorageRef {
-  StorageRequest request;
+  std::string_view key;
+  std::uint64_t numel;
   std::shared_ptr<const Storage> storage;
+  DType dtype;
+  bool untyped;
 };
 
-struct Item;
-using RawTuple = std::vector<Item>;
+enum class ItemKind : std::uint8_t {
+  none,
+  boolean,
+  integer,
+  floating,
+  text,             // a str: texts_[index]
+  bytes,            // texts_[index]
+  tuple,            // tuples_[index]
+  empty_container,  // a list, dict or OrderedDict (`container` says which) nothing was added to
+  value,            // values_[index]: a list, dict, OrderedDict or tensor
+  global,
+  storage,          // storage_refs_[index]
+};
 
 struct Item {
-  std::variant<Value, GlobalRef, std::shared_ptr<const StorageRef>, std::shared_ptr<const RawTuple>> content;
-  std::uint64_t nodes = 1;    // subtree size, shared references counted in full
-  std::uint32_t depth = 0;    // containers nested in this item; 0 for scalars
+  union {
+    std::int64_t integer = 0;
+    double floating;
+    bool boolean;
+    std::size_t index;
+    GlobalRef global;
+    ValueKind container;
+  };
+  std::uint64_t nodes = 1;     // subtree size, shared references counted in full
+  std::uint32_t depth = 0;     // containers nested in this item; 0 for scalars
+  ItemKind kind = ItemKind::none;
   bool holds_mutable = false;  // a list, dict or OrderedDict is reachable
+  bool vm_only = false;        // a global, a storage or a tuple holding one: never a Value
+};
+static_assert(std::is_trivially_copyable_v<Item> && sizeof(Item) == 24);
 
-  const Value* value() const { return std::get_if<Value>(&content); }
-  Value* value() { return std::get_if<Value>(&content); }
-  const GlobalRef* global() const { return std::get_if<GlobalRef>(&content); }
-  const StorageRef* storage() const {
-    const auto* p = std::get_if<std::shared_ptr<const StorageRef>>(&content);
-    return p ? p->get() : nullptr;
-  }
-  const RawTuple* raw_tuple() const {
-    const auto* p = std::get_if<std::shared_ptr<const RawTuple>>(&content);
-    return p ? p->get() : nullptr;
-  }
+constexpr std::size_t kNoValue = std::numeric_limits<std::size_t>::max();
+
+// A str or bytes operand: a view of the pickle (or, for bytes made by
+// _codecs.encode, of the Value that owns them) and the Value made of it, once
+// one was needed.
+struct Text {
+  std::string_view text;
+  std::size_t owned = kNoValue;  // into values_
 };
 
-Item scalar_item(Value value) {
+// A tuple: tuple_elements_[first, first + count).
+struct Tuple {
+  std::size_t first;
+  std::size_t count;
+  std::size_t owned = kNoValue;  // into values_
+};
+
+Item integer_item(std::int64_t value) {
   Item item;
-  item.content = std::move(value);
+  item.kind = ItemKind::integer;
+  item.integer = value;
   return item;
 }
 
-Item empty_container_item(Value value) {
+Item floating_item(double value) {
   Item item;
-  item.content = std::move(value);
+  item.kind = ItemKind::floating;
+  item.floating = value;
+  return item;
+}
+
+Item boolean_item(bool value) {
+  Item item;
+  item.kind = ItemKind::boolean;
+  item.boolean = value;
+  return item;
+}
+
+Item global_item(GlobalRef global) {
+  Item item;
+  item.kind = ItemKind::global;
+  item.global = global;
+  item.vm_only = true;
+  return item;
+}
+
+Item empty_container_item(ValueKind container) {
+  Item item;
+  item.kind = ItemKind::empty_container;
+  item.container = container;
   item.depth = 1;
   item.holds_mutable = true;
   return item;
+}
+
+Value empty_container(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::list: return Value::list();
+    case ValueKind::dict: return Value::dict();
+    default: return Value::ordered_dict();
+  }
 }
 
 std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
@@ -107,43 +186,6 @@ std::string global_name(const GlobalRef& global) {
   }
   return "unknown global";
 }
-
-std::string describe(const Item& item) {
-  if (const Value* value = item.value()) return std::string(value_kind_name(value->kind()));
-  if (const GlobalRef* global = item.global()) return "global " + global_name(*global);
-  if (const StorageRef* storage = item.storage()) return "storage '" + storage->request.key + "'";
-  return "tuple holding a global or storage";
-}
-
-// Read-only access to a tuple Item, whether it became a Value (all elements
-// are Values) or stayed a RawTuple.
-class TupleView {
- public:
-  static std::optional<TupleView> of(const Item& item) {
-    TupleView view;
-    if (const Value* value = item.value()) {
-      if (!value->is_tuple()) return std::nullopt;
-      view.values_ = &value->as_list();
-    } else if (const RawTuple* raw = item.raw_tuple()) {
-      view.items_ = raw;
-    } else {
-      return std::nullopt;
-    }
-    return view;
-  }
-
-  std::size_t size() const { return values_ ? values_->size() : items_->size(); }
-  const Value* value(std::size_t i) const { return values_ ? &(*values_)[i] : (*items_)[i].value(); }
-  const GlobalRef* global(std::size_t i) const { return items_ ? (*items_)[i].global() : nullptr; }
-  const StorageRef* storage(std::size_t i) const { return items_ ? (*items_)[i].storage() : nullptr; }
-  std::string describe(std::size_t i) const {
-    return values_ ? std::string(value_kind_name((*values_)[i].kind())) : holdpoint::format::describe((*items_)[i]);
-  }
-
- private:
-  const Value::List* values_ = nullptr;
-  const RawTuple* items_ = nullptr;
-};
 
 // Names, keys and locations from the file, for messages: at most 64 bytes,
 // anything outside printable ASCII as \xNN.
@@ -232,26 +274,61 @@ class Machine {
     detail::fail(code, "pickle offset ", op_offset_, ": ", op::name(op_), ": ", std::forward<Parts>(parts)...);
   }
 
+  void reserve_for_dense_state_dict();
+
   // ---- input ----
   [[noreturn]] void out_of_input(std::size_t wanted) const;
-  const std::byte* take(std::size_t n);
+  // Every read goes through take: it stays inside the current FRAME (CPython
+  // refuses an opcode that straddles a frame end) and inside the window. The
+  // common case, no frame and bytes to spare, is inline.
+  const std::byte* take(std::size_t n) {
+    if (in_frame_ || n > window_end_ - pos_) return take_checked(n);
+    const std::byte* p = data_ + pos_;
+    pos_ += n;
+    return p;
+  }
+  const std::byte* take_checked(std::size_t n);
   std::uint8_t take_u8() { return std::to_integer<std::uint8_t>(*take(1)); }
-  std::uint64_t take_le(std::size_t n);
+  std::uint64_t take_le(std::size_t n) {
+    const std::byte* p = take(n);
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < n; ++i) value |= std::uint64_t{std::to_integer<std::uint8_t>(p[i])} << (8 * i);
+    return value;
+  }
   std::string_view take_line(std::size_t max_bytes, ErrorCode malformed, bool unterminated_is_malformed,
                              std::string_view what);
-  std::string take_string(std::uint64_t length, bool ascii_only);
-  std::string take_bytes(std::uint64_t length);
+  Item take_string(std::uint64_t length, bool ascii_only);
+  Item take_bytes(std::uint64_t length);
   void begin_frame();
+
+  // ---- items ----
+  Item text_item(ItemKind kind, std::string_view text);
+  Item value_item(Value value);
+  std::optional<ValueKind> value_kind(const Item& item) const;
+  std::string describe(const Item& item) const;
+  std::string_view text(const Item& item) const { return texts_[item.index].text; }
+  const Item& element(const Item& tuple, std::size_t i) const {
+    return tuple_elements_[tuples_[tuple.index].first + i];
+  }
+  std::size_t tuple_size(const Item& tuple) const { return tuples_[tuple.index].count; }
+  const StorageRef& storage(const Item& item) const { return storage_refs_[item.index]; }
+  Value take_value(const Item& item, std::string_view role);
+  Value& make_mutable(Item& container);
+  bool is_empty_dict(const Item& item) const;
 
   // ---- stack ----
   std::size_t frame_base() const { return marks_.empty() ? 0 : marks_.back(); }
   void require(std::size_t n) const;
   Item pop();
-  void push(Item item);
+  // Inline: most opcodes end here.
+  void push(const Item& item) {
+    if (stack_.size() >= limits_.max_stack_items) stack_limit_exceeded();
+    stack_.push_back(item);
+  }
+  [[noreturn]] void stack_limit_exceeded() const;
   std::size_t pop_mark();
   void count_elements(std::uint64_t n);
   void add_child(Item& parent, const Item& child) const;
-  Value take_value(Item item, std::string_view role) const;
 
   // ---- opcodes ----
   void do_proto();
@@ -261,7 +338,7 @@ class Machine {
   void do_tuple(std::size_t count_from_stack, bool from_mark);
   void do_append(bool from_mark);
   void do_setitem(bool from_mark);
-  void set_item(Item& target, Item key, Item value);
+  void set_item(Item& target, const Item& key, const Item& value);
   void memo_put(std::uint64_t index);
   void memo_get(std::uint64_t index);
   void do_global();
@@ -270,14 +347,18 @@ class Machine {
   void do_reduce();
   void do_build();
   void do_binpersid();
+  std::size_t find_storage(std::string_view key) const;
+  void index_storage(std::size_t position);
+  std::optional<std::uint64_t> storage_number(std::string_view key) const;
+  void place_hashed_storage(std::size_t position);
 
   // ---- callables ----
   Item reduce_ordered_dict(const Item& args);
-  Item reduce_codecs_encode(const TupleView& args);
-  Item reduce_tensor(const TupleView& args, bool v3);
-  Item reduce_parameter(const TupleView& args);
-  void check_hooks(const Value* hooks, std::string_view what) const;
-  std::vector<std::int64_t> int_tuple(const Value* value, std::string_view what) const;
+  Item reduce_codecs_encode(const Item& args);
+  Item reduce_tensor(const Item& args, bool v3);
+  Item reduce_parameter(const Item& args);
+  void check_hooks(const Item& hooks, std::string_view what) const;
+  std::vector<std::int64_t> int_tuple(const Item& item, std::string_view what) const;
   void validate_metadata(const Value& state) const;
 
   const std::byte* data_;
@@ -297,7 +378,21 @@ class Machine {
   std::vector<Item> stack_;
   std::vector<std::size_t> marks_;
   std::vector<Item> memo_;
-  std::unordered_map<std::string, std::shared_ptr<const StorageRef>> storage_cache_;
+
+  // The arenas Items point into; nothing is removed before the machine ends.
+  std::vector<Text> texts_;
+  std::vector<Tuple> tuples_;
+  std::vector<Item> tuple_elements_;
+  std::vector<Value> values_;
+  std::vector<StorageRef> storage_refs_;
+  // Storages by key, as position in storage_refs_ + 1 (0: none). Zip archives
+  // number storages 0, 1, 2, ... in order, so a canonical key below twice the
+  // storages seen (plus 1024) goes in storages_by_number_, found without
+  // hashing or a random access; any other key in the open-addressing table
+  // storage_slots_.
+  std::vector<std::size_t> storages_by_number_;
+  std::vector<std::size_t> storage_slots_;
+  std::size_t hashed_storages_ = 0;
 
   std::uint64_t opcode_count_ = 0;
   std::uint64_t expanded_nodes_ = 0;
@@ -306,6 +401,27 @@ class Machine {
   int protocol_ = 0;
   bool uses_binfloat_ = false;
 };
+
+// Reserves the memo and arenas for a state dict whose names are as short as
+// they come (torch.save spends about 100 bytes of opcodes per tensor on 8 memo
+// entries, 13 tuple elements, 4 tuples, 2 strings and a storage), so that they
+// do not grow by doubling, which copies them and touches twice the memory,
+// each page a fresh fault. Pages never used are never touched. Called only
+// for a span that is exactly the pickle and within max_pickle_bytes (a legacy
+// stream's span runs on into its storages). A refused reservation costs only
+// speed, so it is not an error.
+void Machine::reserve_for_dense_state_dict() {
+  try {
+    memo_.reserve(size_ / 8);
+    tuple_elements_.reserve(size_ / 5);
+    tuples_.reserve(size_ / 16);
+    texts_.reserve(size_ / 32);
+    values_.reserve(size_ / 64);
+    storage_refs_.reserve(size_ / 64);
+    storages_by_number_.reserve(size_ / 64);
+  } catch (const std::bad_alloc&) {
+  }
+}
 
 // ---- input ----------------------------------------------------------------------------
 
@@ -317,9 +433,7 @@ void Machine::out_of_input(std::size_t wanted) const {
   error(ErrorCode::pickle_truncated, "needs ", wanted, " more bytes, ", window_end_ - pos_, " left");
 }
 
-// Every read goes through here: it stays inside the current FRAME (CPython
-// refuses an opcode that straddles a frame end) and inside the window.
-const std::byte* Machine::take(std::size_t n) {
+const std::byte* Machine::take_checked(std::size_t n) {
   const std::size_t limit = in_frame_ ? frame_end_ : window_end_;
   if (n > limit - pos_) {
     if (in_frame_) {
@@ -331,13 +445,6 @@ const std::byte* Machine::take(std::size_t n) {
   pos_ += n;
   if (in_frame_ && pos_ == frame_end_) in_frame_ = false;
   return p;
-}
-
-std::uint64_t Machine::take_le(std::size_t n) {
-  const std::byte* p = take(n);
-  std::uint64_t value = 0;
-  for (std::size_t i = 0; i < n; ++i) value |= std::uint64_t{std::to_integer<std::uint8_t>(p[i])} << (8 * i);
-  return value;
 }
 
 // A newline-terminated operand of at most `max_bytes`. A longer line is
@@ -360,7 +467,7 @@ std::string_view Machine::take_line(std::size_t max_bytes, ErrorCode malformed, 
   return {begin, length};
 }
 
-std::string Machine::take_string(std::uint64_t length, bool ascii_only) {
+Item Machine::take_string(std::uint64_t length, bool ascii_only) {
   if (length > limits_.max_string_bytes) {
     error(ErrorCode::pickle_string_too_long, "length ", length, " exceeds max_string_bytes ", limits_.max_string_bytes);
   }
@@ -375,15 +482,15 @@ std::string Machine::take_string(std::uint64_t length, bool ascii_only) {
   } else if (!op::is_strict_utf8(text)) {
     error(ErrorCode::pickle_string_invalid, "the ", length, " bytes are not strict UTF-8");
   }
-  return std::string(text);
+  return text_item(ItemKind::text, text);
 }
 
-std::string Machine::take_bytes(std::uint64_t length) {
+Item Machine::take_bytes(std::uint64_t length) {
   if (length > limits_.max_string_bytes) {
     error(ErrorCode::pickle_string_too_long, "length ", length, " exceeds max_string_bytes ", limits_.max_string_bytes);
   }
   const auto* p = reinterpret_cast<const char*>(take(static_cast<std::size_t>(length)));
-  return std::string(p, static_cast<std::size_t>(length));
+  return text_item(ItemKind::bytes, std::string_view(p, static_cast<std::size_t>(length)));
 }
 
 void Machine::begin_frame() {
@@ -399,6 +506,109 @@ void Machine::begin_frame() {
   in_frame_ = length > 0;
 }
 
+// ---- items ----------------------------------------------------------------------------
+
+Item Machine::text_item(ItemKind kind, std::string_view text) {
+  Item item;
+  item.kind = kind;
+  item.index = texts_.size();
+  texts_.push_back({text});
+  return item;
+}
+
+Item Machine::value_item(Value value) {
+  Item item;
+  item.kind = ItemKind::value;
+  item.index = values_.size();
+  values_.push_back(std::move(value));
+  return item;
+}
+
+// The kind of Value `item` stands for; nullopt for a global, a storage or a
+// tuple holding one.
+std::optional<ValueKind> Machine::value_kind(const Item& item) const {
+  if (item.vm_only) return std::nullopt;
+  switch (item.kind) {
+    case ItemKind::none: return ValueKind::none;
+    case ItemKind::boolean: return ValueKind::boolean;
+    case ItemKind::integer: return ValueKind::integer;
+    case ItemKind::floating: return ValueKind::floating;
+    case ItemKind::text: return ValueKind::string;
+    case ItemKind::bytes: return ValueKind::bytes;
+    case ItemKind::tuple: return ValueKind::tuple;
+    case ItemKind::empty_container: return item.container;
+    case ItemKind::value: return values_[item.index].kind();
+    case ItemKind::global:
+    case ItemKind::storage: break;
+  }
+  return std::nullopt;
+}
+
+std::string Machine::describe(const Item& item) const {
+  if (const auto kind = value_kind(item)) return std::string(value_kind_name(*kind));
+  if (item.kind == ItemKind::global) return "global " + global_name(item.global);
+  if (item.kind == ItemKind::storage) return "storage '" + std::string(storage(item).key) + "'";
+  return "tuple holding a global or storage";
+}
+
+// The Value `item` stands for, as `role` of its parent. Strings and tuples
+// are made once and then shared, as one opcode's object is in Python.
+Value Machine::take_value(const Item& item, std::string_view role) {
+  switch (item.kind) {
+    case ItemKind::none: return Value::none();
+    case ItemKind::boolean: return Value::boolean(item.boolean);
+    case ItemKind::integer: return Value::integer(item.integer);
+    case ItemKind::floating: return Value::floating(item.floating);
+    case ItemKind::text:
+    case ItemKind::bytes: {
+      Text& entry = texts_[item.index];
+      if (entry.owned == kNoValue) {
+        std::string copy(entry.text);
+        values_.push_back(item.kind == ItemKind::text ? Value::string(std::move(copy)) : Value::bytes(std::move(copy)));
+        entry.owned = values_.size() - 1;
+      }
+      return values_[entry.owned];
+    }
+    case ItemKind::tuple: {
+      if (item.vm_only) break;
+      if (tuples_[item.index].owned == kNoValue) {
+        // Elements first: nested tuples and strings extend values_ as they go.
+        const Tuple tuple = tuples_[item.index];
+        Value::List elements;
+        elements.reserve(tuple.count);
+        for (std::size_t i = 0; i < tuple.count; ++i) {
+          elements.push_back(take_value(tuple_elements_[tuple.first + i], "a tuple element"));
+        }
+        values_.push_back(Value::tuple(std::move(elements)));
+        tuples_[item.index].owned = values_.size() - 1;
+      }
+      return values_[tuples_[item.index].owned];
+    }
+    case ItemKind::empty_container: return empty_container(item.container);
+    case ItemKind::value: return values_[item.index];
+    case ItemKind::global:
+    case ItemKind::storage: break;
+  }
+  error(ErrorCode::pickle_type_invalid, "a ", describe(item), " cannot be ", role);
+}
+
+// The list, dict or OrderedDict `container` holds, made a Value if it was
+// still empty. The reference lasts until values_ grows.
+Value& Machine::make_mutable(Item& container) {
+  if (container.kind == ItemKind::empty_container) {
+    values_.push_back(empty_container(container.container));
+    container.kind = ItemKind::value;
+    container.index = values_.size() - 1;
+  }
+  return values_[container.index];
+}
+
+bool Machine::is_empty_dict(const Item& item) const {
+  if (item.kind == ItemKind::empty_container) return true;
+  const Dict& dict = values_[item.index].as_dict();
+  return dict.empty() && !dict.metadata();
+}
+
 // ---- stack ----------------------------------------------------------------------------
 
 void Machine::require(std::size_t n) const {
@@ -410,16 +620,13 @@ void Machine::require(std::size_t n) const {
 
 Item Machine::pop() {
   require(1);
-  Item item = std::move(stack_.back());
+  const Item item = stack_.back();
   stack_.pop_back();
   return item;
 }
 
-void Machine::push(Item item) {
-  if (stack_.size() >= limits_.max_stack_items) {
-    error(ErrorCode::pickle_stack_limit, "more than max_stack_items ", limits_.max_stack_items, " stack items");
-  }
-  stack_.push_back(std::move(item));
+void Machine::stack_limit_exceeded() const {
+  error(ErrorCode::pickle_stack_limit, "more than max_stack_items ", limits_.max_stack_items, " stack items");
 }
 
 std::size_t Machine::pop_mark() {
@@ -444,11 +651,6 @@ void Machine::add_child(Item& parent, const Item& child) const {
   if (parent.depth > limits_.max_nesting_depth) {
     error(ErrorCode::pickle_nesting_limit, "containers nest deeper than max_nesting_depth ", limits_.max_nesting_depth);
   }
-}
-
-Value Machine::take_value(Item item, std::string_view role) const {
-  if (Value* value = item.value()) return std::move(*value);
-  error(ErrorCode::pickle_type_invalid, "a ", describe(item), " cannot be ", role);
 }
 
 // ---- scalars ----------------------------------------------------------------------------
@@ -478,12 +680,12 @@ void Machine::do_int_line() {
   constexpr std::size_t kMaxIntLine = 32;
   const std::string_view line = take_line(kMaxIntLine, ErrorCode::pickle_int_invalid, false, "the INT line");
   if (line == "00" || line == "01") {
-    push(scalar_item(Value::boolean(line == "01")));
+    push(boolean_item(line == "01"));
     return;
   }
   const auto value = parse_canonical_int(line);
   if (!value) error(ErrorCode::pickle_int_invalid, "'", printable(line), "' is not a canonical decimal within int64");
-  push(scalar_item(Value::integer(*value)));
+  push(integer_item(*value));
 }
 
 // Text LONG (protocol 0/1): "L<decimal>L\n".
@@ -495,7 +697,7 @@ void Machine::do_long_line() {
   if (!value) {
     error(ErrorCode::pickle_int_invalid, "'", printable(line), "' is not a canonical decimal with an L within int64");
   }
-  push(scalar_item(Value::integer(*value)));
+  push(integer_item(*value));
 }
 
 void Machine::do_long1() {
@@ -504,7 +706,7 @@ void Machine::do_long1() {
   std::uint64_t bits = take_le(length);
   // Sign-extend the two's-complement value from `length` bytes to 64 bits.
   if (length > 0 && length < 8 && (bits >> (8 * length - 1)) & 1u) bits |= ~std::uint64_t{0} << (8 * length);
-  push(scalar_item(Value::integer(static_cast<std::int64_t>(bits))));
+  push(integer_item(static_cast<std::int64_t>(bits)));
 }
 
 // ---- containers -------------------------------------------------------------------------
@@ -521,22 +723,17 @@ void Machine::do_tuple(std::size_t count, bool from_mark) {
   const auto last = stack_.end();
   count_elements(static_cast<std::uint64_t>(last - first));
   Item tuple;
+  tuple.kind = ItemKind::tuple;
   tuple.depth = 1;
-  bool all_values = true;
   for (auto it = first; it != last; ++it) {
     add_child(tuple, *it);
-    all_values = all_values && it->value() != nullptr;
+    tuple.vm_only = tuple.vm_only || it->vm_only;
   }
-  if (all_values) {
-    Value::List values;
-    values.reserve(static_cast<std::size_t>(last - first));
-    for (auto it = first; it != last; ++it) values.push_back(std::move(*it->value()));
-    tuple.content = Value::tuple(std::move(values));
-  } else {
-    tuple.content = std::make_shared<const RawTuple>(std::make_move_iterator(first), std::make_move_iterator(last));
-  }
+  tuple.index = tuples_.size();
+  tuples_.push_back({tuple_elements_.size(), static_cast<std::size_t>(last - first)});
+  tuple_elements_.insert(tuple_elements_.end(), first, last);
   stack_.erase(first, last);
-  push(std::move(tuple));
+  push(tuple);
 }
 
 void Machine::do_append(bool from_mark) {
@@ -549,34 +746,36 @@ void Machine::do_append(bool from_mark) {
     first = stack_.size() - 1;
   }
   Item& target = stack_[first - 1];
-  Value* list = target.value();
-  if (!list || !list->is_list()) {
+  if (value_kind(target) != ValueKind::list) {
     error(ErrorCode::pickle_append_target, "the target is a ", describe(target), ", not a list");
   }
   count_elements(stack_.size() - first);
-  auto& items = list->mutable_list();
+  if (first == stack_.size()) return;
+  auto& items = make_mutable(target).mutable_list();
   for (std::size_t i = first; i < stack_.size(); ++i) {
     add_child(target, stack_[i]);
-    items.push_back(take_value(std::move(stack_[i]), "a list element"));
+    items.push_back(take_value(stack_[i], "a list element"));
   }
   stack_.resize(first);
 }
 
-void Machine::set_item(Item& target, Item key, Item value) {
-  Value* dict = target.value();
-  if (!dict || !dict->is_dict()) {
+void Machine::set_item(Item& target, const Item& key, const Item& value) {
+  const auto target_kind = value_kind(target);
+  if (target_kind != ValueKind::dict && target_kind != ValueKind::ordered_dict) {
     error(ErrorCode::pickle_setitem_target, "the target is a ", describe(target), ", not a dict");
   }
-  const Value* key_value = key.value();
-  std::optional<DictKey> dict_key;
-  if (key_value && key_value->is_string()) dict_key.emplace(key_value->as_string());
-  if (key_value && key_value->is_int()) dict_key.emplace(key_value->as_int());
-  if (!dict_key) error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key), " key; keys are str or int");
+  if (key.kind != ItemKind::text && key.kind != ItemKind::integer) {
+    error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key), " key; keys are str or int");
+  }
   count_elements(1);
   add_child(target, key);
   add_child(target, value);
-  if (!dict->mutable_dict().insert(*dict_key, take_value(std::move(value), "a dict value"))) {
-    error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key->to_string()), " occurs twice");
+  Value entry = take_value(value, "a dict value");
+  const auto dict_key = [&] {
+    return key.kind == ItemKind::text ? DictKey(std::string(text(key))) : DictKey(key.integer);
+  };
+  if (!make_mutable(target).mutable_dict().insert(dict_key(), std::move(entry))) {
+    error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key().to_string()), " occurs twice");
   }
 }
 
@@ -594,9 +793,7 @@ void Machine::do_setitem(bool from_mark) {
     first = stack_.size() - 2;
   }
   Item& target = stack_[first - 1];
-  for (std::size_t i = first; i < stack_.size(); i += 2) {
-    set_item(target, std::move(stack_[i]), std::move(stack_[i + 1]));
-  }
+  for (std::size_t i = first; i < stack_.size(); i += 2) set_item(target, stack_[i], stack_[i + 1]);
   stack_.resize(first);
 }
 
@@ -621,7 +818,7 @@ void Machine::memo_get(std::uint64_t index) {
   if (index >= memo_.size()) {
     error(ErrorCode::pickle_memo_missing, "index ", index, " was never stored (memo size ", memo_.size(), ")");
   }
-  const Item& entry = memo_[static_cast<std::size_t>(index)];
+  const Item entry = memo_[static_cast<std::size_t>(index)];
   if (entry.holds_mutable) {
     error(ErrorCode::pickle_memo_mutable, "memo ", index, " is (or holds) a mutable ", describe(entry),
           "; sharing it would allow cycles and aliasing");
@@ -636,27 +833,30 @@ void Machine::memo_get(std::uint64_t index) {
 
 // ---- globals ----------------------------------------------------------------------------
 
+// Every allowlisted name is a dotted identifier, so the identifier check is
+// needed only on the way to a rejection, where it picks the error.
 GlobalRef Machine::resolve_global(std::string_view module, std::string_view name) const {
-  if (!is_identifier_path(module) || !is_identifier_path(name)) {
-    error(ErrorCode::pickle_global_malformed, "'", printable(module), "' '", printable(name),
-          "' is not a dotted identifier of at most ", op::kMaxGlobalPartBytes, " bytes");
-  }
-  if (module == "collections" && name == "OrderedDict") return {GlobalKind::ordered_dict};
+  constexpr DType kNoDType = DType::uint8;
+  if (module == "collections" && name == "OrderedDict") return {GlobalKind::ordered_dict, kNoDType};
   if (module == "torch._utils") {
-    if (name == "_rebuild_tensor_v2") return {GlobalKind::rebuild_tensor_v2};
-    if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3};
-    if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter};
+    if (name == "_rebuild_tensor_v2") return {GlobalKind::rebuild_tensor_v2, kNoDType};
+    if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3, kNoDType};
+    if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType};
   }
-  if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode};
+  if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType};
   if ((module == "torch" || module == "torch.storage") && name == "UntypedStorage") {
-    return {GlobalKind::untyped_storage_type};
+    return {GlobalKind::untyped_storage_type, kNoDType};
   }
   if (module == "torch") {
     if (const auto dtype = dtype_from_storage_class(name)) return {GlobalKind::storage_type, *dtype};
     if (const auto dtype = dtype_from_name(name)) return {GlobalKind::dtype, *dtype};
-    if (is_quantized_storage_class(name)) {
-      error(ErrorCode::storage_type_unsupported, "torch.", name, " holds quantized data, not a plain dtype");
-    }
+  }
+  if (!is_identifier_path(module) || !is_identifier_path(name)) {
+    error(ErrorCode::pickle_global_malformed, "'", printable(module), "' '", printable(name),
+          "' is not a dotted identifier of at most ", op::kMaxGlobalPartBytes, " bytes");
+  }
+  if (module == "torch" && is_quantized_storage_class(name)) {
+    error(ErrorCode::storage_type_unsupported, "torch.", name, " holds quantized data, not a plain dtype");
   }
   error(ErrorCode::pickle_global_forbidden, module, ".", name, " is not on the allowlist");
 }
@@ -665,68 +865,108 @@ void Machine::do_global() {
   const std::size_t max = op::kMaxGlobalPartBytes;
   const std::string_view module = take_line(max, ErrorCode::pickle_global_malformed, true, "the module name");
   const std::string_view name = take_line(max, ErrorCode::pickle_global_malformed, true, "the attribute name");
-  Item item;
-  item.content = resolve_global(module, name);
-  push(std::move(item));
+  push(global_item(resolve_global(module, name)));
 }
 
 void Machine::do_stack_global() {
   require(2);
-  Item name = pop();
-  Item module = pop();
-  const Value* module_value = module.value();
-  const Value* name_value = name.value();
-  if (!module_value || !module_value->is_string() || !name_value || !name_value->is_string()) {
+  const Item name = pop();
+  const Item module = pop();
+  if (module.kind != ItemKind::text || name.kind != ItemKind::text) {
     error(ErrorCode::pickle_global_malformed, "module and name must be str, not ", describe(module), " and ",
           describe(name));
   }
-  Item item;
-  item.content = resolve_global(module_value->as_string(), name_value->as_string());
-  push(std::move(item));
+  push(global_item(resolve_global(text(module), text(name))));
 }
 
 // ---- persistent ids ---------------------------------------------------------------------
 
-void Machine::do_binpersid() {
-  const Item pid = pop();
-  const auto tuple = TupleView::of(pid);
-  const bool legacy = options_.persistent_ids == PersistentIdForm::legacy;
-  const std::size_t expected = legacy ? 6 : 5;
-  if (!tuple || tuple->size() != expected) {
-    error(ErrorCode::persistent_id_invalid, "the persistent id is a ", describe(pid),
-          tuple ? " of " + std::to_string(tuple->size()) + " items" : std::string(), ", not a ", expected,
-          "-tuple ('storage', type, key, location, numel", legacy ? ", view_metadata)" : ")");
+// The number a zip archive's storage key stands for (canonical decimals of at
+// most 19 digits, so it cannot overflow); nullopt for legacy keys.
+std::optional<std::uint64_t> Machine::storage_number(std::string_view key) const {
+  if (!options_.canonical_storage_keys) return std::nullopt;
+  std::uint64_t number = 0;
+  for (char digit : key) number = number * 10 + static_cast<std::uint64_t>(digit - '0');
+  return number;
+}
+
+std::size_t Machine::find_storage(std::string_view key) const {
+  if (const auto number = storage_number(key); number && *number < storages_by_number_.size()) {
+    if (storages_by_number_[*number] != 0) return storages_by_number_[*number] - 1;
   }
-  const Value* tag = tuple->value(0);
-  if (!tag || !tag->is_string() || tag->as_string() != "storage") {
-    error(ErrorCode::persistent_id_invalid, "the first item is not the str 'storage'");
+  if (storage_slots_.empty()) return kNoValue;
+  const std::size_t mask = storage_slots_.size() - 1;
+  for (std::size_t slot = std::hash<std::string_view>{}(key) & mask; storage_slots_[slot] != 0;
+       slot = (slot + 1) & mask) {
+    const std::size_t position = storage_slots_[slot] - 1;
+    if (storage_refs_[position].key == key) return position;
   }
-  const GlobalRef* type = tuple->global(1);
-  if (!type) error(ErrorCode::persistent_id_invalid, "the storage type is a ", tuple->describe(1), ", not a global");
-  if (type->kind != GlobalKind::storage_type && type->kind != GlobalKind::untyped_storage_type) {
-    error(ErrorCode::storage_type_unsupported, global_name(*type), " is not a storage type");
+  return kNoValue;
+}
+
+void Machine::index_storage(std::size_t position) {
+  const auto number = storage_number(storage_refs_[position].key);
+  if (number && *number < 2 * storage_refs_.size() + 1024) {
+    if (*number >= storages_by_number_.size()) storages_by_number_.resize(*number + 1, 0);
+    storages_by_number_[*number] = position + 1;
+    return;
   }
-  const Value* key = tuple->value(2);
-  const Value* location = tuple->value(3);
-  const Value* numel = tuple->value(4);
-  if (!key || !key->is_string()) error(ErrorCode::persistent_id_invalid, "the key is a ", tuple->describe(2));
-  if (!location || !location->is_string()) {
-    error(ErrorCode::persistent_id_invalid, "the location is a ", tuple->describe(3));
-  }
-  if (!numel || !numel->is_int()) error(ErrorCode::persistent_id_invalid, "numel is a ", tuple->describe(4));
-  if (legacy) {
-    const Value* view_metadata = tuple->value(5);
-    if (!view_metadata || !view_metadata->is_none()) {
-      error(ErrorCode::legacy_view_metadata_unsupported, "view_metadata is a ", tuple->describe(5), ", not None");
+  // Keep the table at most half full, doubling it as needed.
+  if (2 * (hashed_storages_ + 1) > storage_slots_.size()) {
+    const std::vector<std::size_t> old =
+        std::exchange(storage_slots_, std::vector<std::size_t>(std::max<std::size_t>(64, 2 * storage_slots_.size())));
+    for (const std::size_t entry : old) {
+      if (entry != 0) place_hashed_storage(entry - 1);
     }
   }
+  place_hashed_storage(position);
+  ++hashed_storages_;
+}
 
-  StorageRequest request;
-  request.untyped = type->kind == GlobalKind::untyped_storage_type;
-  request.dtype = request.untyped ? DType::uint8 : type->dtype;
-  request.key = key->as_string();
-  request.location = location->as_string();
-  const std::string_view key_text = request.key;
+void Machine::place_hashed_storage(std::size_t position) {
+  const std::size_t mask = storage_slots_.size() - 1;
+  std::size_t slot = std::hash<std::string_view>{}(storage_refs_[position].key) & mask;
+  while (storage_slots_[slot] != 0) slot = (slot + 1) & mask;
+  storage_slots_[slot] = position + 1;
+}
+
+void Machine::do_binpersid() {
+  const Item pid = pop();
+  const bool legacy = options_.persistent_ids == PersistentIdForm::legacy;
+  const std::size_t expected = legacy ? 6 : 5;
+  const bool is_tuple = pid.kind == ItemKind::tuple;
+  if (!is_tuple || tuple_size(pid) != expected) {
+    error(ErrorCode::persistent_id_invalid, "the persistent id is a ", describe(pid),
+          is_tuple ? " of " + std::to_string(tuple_size(pid)) + " items" : std::string(), ", not a ", expected,
+          "-tuple ('storage', type, key, location, numel", legacy ? ", view_metadata)" : ")");
+  }
+  const Item& tag = element(pid, 0);
+  if (tag.kind != ItemKind::text || text(tag) != "storage") {
+    error(ErrorCode::persistent_id_invalid, "the first item is not the str 'storage'");
+  }
+  const Item& type = element(pid, 1);
+  if (type.kind != ItemKind::global) {
+    error(ErrorCode::persistent_id_invalid, "the storage type is a ", describe(type), ", not a global");
+  }
+  if (type.global.kind != GlobalKind::storage_type && type.global.kind != GlobalKind::untyped_storage_type) {
+    error(ErrorCode::storage_type_unsupported, global_name(type.global), " is not a storage type");
+  }
+  const Item& key = element(pid, 2);
+  const Item& location = element(pid, 3);
+  const Item& numel = element(pid, 4);
+  if (key.kind != ItemKind::text) error(ErrorCode::persistent_id_invalid, "the key is a ", describe(key));
+  if (location.kind != ItemKind::text) {
+    error(ErrorCode::persistent_id_invalid, "the location is a ", describe(location));
+  }
+  if (numel.kind != ItemKind::integer) error(ErrorCode::persistent_id_invalid, "numel is a ", describe(numel));
+  if (legacy && element(pid, 5).kind != ItemKind::none) {
+    error(ErrorCode::legacy_view_metadata_unsupported, "view_metadata is a ", describe(element(pid, 5)),
+          ", not None");
+  }
+
+  const bool untyped = type.global.kind == GlobalKind::untyped_storage_type;
+  const DType dtype = untyped ? DType::uint8 : type.global.dtype;
+  const std::string_view key_text = text(key);
   const bool key_ok =
       options_.canonical_storage_keys ? is_canonical_decimal(key_text, 19) : is_legacy_storage_key(key_text);
   if (!key_ok) {
@@ -734,79 +974,87 @@ void Machine::do_binpersid() {
           options_.canonical_storage_keys ? "a canonical decimal of at most 19 digits"
                                           : "1..64 characters of [0-9A-Za-z_]");
   }
-  if (!is_supported_location(request.location)) {
-    error(ErrorCode::storage_location_unsupported, "location '", printable(request.location),
+  if (!is_supported_location(text(location))) {
+    error(ErrorCode::storage_location_unsupported, "location '", printable(text(location)),
           "' is not cpu, cuda, cuda:<n> or mps");
   }
-  if (numel->as_int() < 0) error(ErrorCode::storage_numel_invalid, "numel ", numel->as_int(), " is negative");
-  request.numel = static_cast<std::uint64_t>(numel->as_int());
-  const auto nbytes = checked_mul<std::uint64_t>(request.numel, dtype_itemsize(request.dtype));
+  if (numel.integer < 0) error(ErrorCode::storage_numel_invalid, "numel ", numel.integer, " is negative");
+  const auto count = static_cast<std::uint64_t>(numel.integer);
+  const auto nbytes = checked_mul<std::uint64_t>(count, dtype_itemsize(dtype));
   if (!nbytes || *nbytes > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    error(ErrorCode::storage_numel_invalid, "numel ", request.numel, " x itemsize ", dtype_itemsize(request.dtype),
-          " overflows");
+    error(ErrorCode::storage_numel_invalid, "numel ", count, " x itemsize ", dtype_itemsize(dtype), " overflows");
   }
 
   Item item;
-  if (auto found = storage_cache_.find(request.key); found != storage_cache_.end()) {
-    const StorageRequest& first = found->second->request;
-    if (first.untyped != request.untyped || first.dtype != request.dtype || first.numel != request.numel) {
-      error(ErrorCode::storage_redeclared, "storage '", request.key, "' was declared as ",
+  item.kind = ItemKind::storage;
+  item.vm_only = true;
+  if (const std::size_t found = find_storage(key_text); found != kNoValue) {
+    const StorageRef& first = storage_refs_[found];
+    if (first.untyped != untyped || first.dtype != dtype || first.numel != count) {
+      error(ErrorCode::storage_redeclared, "storage '", key_text, "' was declared as ",
             first.untyped ? std::string("UntypedStorage") : std::string(dtype_name(first.dtype)), " x ", first.numel,
-            " and now as ", request.untyped ? std::string("UntypedStorage") : std::string(dtype_name(request.dtype)),
-            " x ", request.numel);
+            " and now as ", untyped ? std::string("UntypedStorage") : std::string(dtype_name(dtype)), " x ", count);
     }
-    item.content = found->second;
-    push(std::move(item));
+    item.index = found;
+    push(item);
     return;
   }
-  if (storage_cache_.size() >= limits_.max_tensors) {
+  if (storage_refs_.size() >= limits_.max_tensors) {
     error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " storages");
   }
-  auto storage = storages_.resolve(request);
-  if (!storage || storage->nbytes() != *nbytes) {
-    error(ErrorCode::storage_size_mismatch, "storage '", request.key, "' has ", storage ? storage->nbytes() : 0,
+  StorageRequest request;
+  request.untyped = untyped;
+  request.dtype = dtype;
+  request.key = std::string(key_text);
+  request.location = std::string(text(location));
+  request.numel = count;
+  auto resolved = storages_.resolve(request);
+  if (!resolved || resolved->nbytes() != *nbytes) {
+    error(ErrorCode::storage_size_mismatch, "storage '", key_text, "' has ", resolved ? resolved->nbytes() : 0,
           " bytes, expected ", *nbytes);
   }
-  auto ref = std::make_shared<const StorageRef>(StorageRef{std::move(request), std::move(storage)});
-  storage_cache_.emplace(ref->request.key, ref);
-  item.content = std::move(ref);
-  push(std::move(item));
+  item.index = storage_refs_.size();
+  storage_refs_.push_back({key_text, count, std::move(resolved), dtype, untyped});
+  index_storage(item.index);
+  push(item);
 }
 
 // ---- REDUCE -----------------------------------------------------------------------------
 
 void Machine::do_reduce() {
   require(2);
-  Item args = pop();
+  const Item args = pop();
   const Item callable = pop();
-  const GlobalRef* global = callable.global();
-  if (!global) error(ErrorCode::pickle_call_forbidden, "a ", describe(callable), " is not callable");
-  const auto tuple = TupleView::of(args);
-  if (!tuple) error(ErrorCode::pickle_call_args_invalid, "the arguments are a ", describe(args), ", not a tuple");
-  switch (global->kind) {
+  if (callable.kind != ItemKind::global) {
+    error(ErrorCode::pickle_call_forbidden, "a ", describe(callable), " is not callable");
+  }
+  if (args.kind != ItemKind::tuple) {
+    error(ErrorCode::pickle_call_args_invalid, "the arguments are a ", describe(args), ", not a tuple");
+  }
+  switch (callable.global.kind) {
     case GlobalKind::ordered_dict: push(reduce_ordered_dict(args)); return;
-    case GlobalKind::rebuild_tensor_v2: push(reduce_tensor(*tuple, false)); return;
-    case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(*tuple, true)); return;
-    case GlobalKind::rebuild_parameter: push(reduce_parameter(*tuple)); return;
-    case GlobalKind::codecs_encode: push(reduce_codecs_encode(*tuple)); return;
+    case GlobalKind::rebuild_tensor_v2: push(reduce_tensor(args, false)); return;
+    case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(args, true)); return;
+    case GlobalKind::rebuild_parameter: push(reduce_parameter(args)); return;
+    case GlobalKind::codecs_encode: push(reduce_codecs_encode(args)); return;
     case GlobalKind::storage_type:
     case GlobalKind::untyped_storage_type:
     case GlobalKind::dtype: break;
   }
-  error(ErrorCode::pickle_call_forbidden, global_name(*global), " is a type tag, never called");
+  error(ErrorCode::pickle_call_forbidden, global_name(callable.global), " is a type tag, never called");
 }
 
 // OrderedDict() or, as Python 2 reduced it, OrderedDict([[key, value], ...]).
 Item Machine::reduce_ordered_dict(const Item& args) {
-  const auto tuple = TupleView::of(args);
-  if (tuple->size() == 0) return empty_container_item(Value::ordered_dict());
-  const Value* items = tuple->size() == 1 ? tuple->value(0) : nullptr;
-  if (!items || !items->is_sequence()) {
+  if (tuple_size(args) == 0) return empty_container_item(ValueKind::ordered_dict);
+  const auto items_kind = tuple_size(args) == 1 ? value_kind(element(args, 0)) : std::nullopt;
+  if (items_kind != ValueKind::list && items_kind != ValueKind::tuple) {
     error(ErrorCode::pickle_call_args_invalid, "OrderedDict takes () or one list of [key, value] pairs");
   }
+  const Value items = take_value(element(args, 0), "the OrderedDict items");
   Dict dict;
-  count_elements(items->as_list().size());
-  for (const Value& pair : items->as_list()) {
+  count_elements(items.as_list().size());
+  for (const Value& pair : items.as_list()) {
     if (!pair.is_sequence() || pair.as_list().size() != 2) {
       error(ErrorCode::pickle_call_args_invalid, "an OrderedDict item is a ", value_kind_name(pair.kind()),
             ", not a [key, value] pair");
@@ -820,22 +1068,23 @@ Item Machine::reduce_ordered_dict(const Item& args) {
       error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key->to_string()), " occurs twice");
     }
   }
-  Item item = empty_container_item(Value::ordered_dict(std::move(dict)));
+  Item item = value_item(Value::ordered_dict(std::move(dict)));
   // args = (items,) with items = [(key, value), ...]: the dict sits two levels
   // shallower than the argument tuple and holds the same nodes.
   item.depth = std::max<std::uint32_t>(1, args.depth - 2);
   item.nodes = args.nodes;
+  item.holds_mutable = true;
   return item;
 }
 
 // _codecs.encode(text, 'latin1'): how Python pickles bytes at protocol 2.
-Item Machine::reduce_codecs_encode(const TupleView& args) {
-  const Value* text = args.size() == 2 ? args.value(0) : nullptr;
-  const Value* encoding = args.size() == 2 ? args.value(1) : nullptr;
-  if (!text || !text->is_string() || !encoding || !encoding->is_string() || encoding->as_string() != "latin1") {
+Item Machine::reduce_codecs_encode(const Item& args) {
+  const bool pair = tuple_size(args) == 2;
+  if (!pair || element(args, 0).kind != ItemKind::text || element(args, 1).kind != ItemKind::text ||
+      text(element(args, 1)) != "latin1") {
     error(ErrorCode::pickle_call_args_invalid, "_codecs.encode takes exactly (str, 'latin1')");
   }
-  const std::string& utf8 = text->as_string();  // strict UTF-8, checked when read
+  const std::string_view utf8 = text(element(args, 0));  // strict UTF-8, checked when read
   std::string bytes;
   bytes.reserve(utf8.size());
   for (std::size_t i = 0; i < utf8.size();) {
@@ -851,84 +1100,93 @@ Item Machine::reduce_codecs_encode(const TupleView& args) {
             " has no latin1 encoding");
     }
   }
-  return scalar_item(Value::bytes(std::move(bytes)));
+  const Value owned = Value::bytes(std::move(bytes));
+  Item item = text_item(ItemKind::bytes, owned.as_bytes());
+  texts_[item.index].owned = values_.size();
+  values_.push_back(owned);
+  return item;
 }
 
 // hooks: None, or an empty dict/OrderedDict that nothing has written to.
-void Machine::check_hooks(const Value* hooks, std::string_view what) const {
-  if (!hooks) error(ErrorCode::pickle_call_args_invalid, what, " is not a value");
-  if (hooks->is_none()) return;
-  if (!hooks->is_dict()) {
-    error(ErrorCode::pickle_call_args_invalid, what, " is a ", value_kind_name(hooks->kind()), ", not a dict");
+void Machine::check_hooks(const Item& hooks, std::string_view what) const {
+  const auto kind = value_kind(hooks);
+  if (!kind) error(ErrorCode::pickle_call_args_invalid, what, " is not a value");
+  if (*kind == ValueKind::none) return;
+  if (*kind != ValueKind::dict && *kind != ValueKind::ordered_dict) {
+    error(ErrorCode::pickle_call_args_invalid, what, " is a ", value_kind_name(*kind), ", not a dict");
   }
-  if (!hooks->as_dict().empty() || hooks->as_dict().metadata()) {
-    error(ErrorCode::tensor_hooks_not_empty, what, " is not an empty dict");
-  }
+  if (!is_empty_dict(hooks)) error(ErrorCode::tensor_hooks_not_empty, what, " is not an empty dict");
 }
 
-std::vector<std::int64_t> Machine::int_tuple(const Value* value, std::string_view what) const {
-  if (!value || !value->is_tuple()) error(ErrorCode::pickle_call_args_invalid, what, " is not a tuple");
-  const auto& items = value->as_list();
-  if (items.size() > limits_.max_tensor_rank) {
-    error(ErrorCode::tensor_rank_limit, what, " has ", items.size(), " dimensions, more than max_tensor_rank ",
+std::vector<std::int64_t> Machine::int_tuple(const Item& item, std::string_view what) const {
+  if (item.kind != ItemKind::tuple || item.vm_only) {
+    error(ErrorCode::pickle_call_args_invalid, what, " is not a tuple");
+  }
+  const std::size_t count = tuple_size(item);
+  if (count > limits_.max_tensor_rank) {
+    error(ErrorCode::tensor_rank_limit, what, " has ", count, " dimensions, more than max_tensor_rank ",
           limits_.max_tensor_rank);
   }
   std::vector<std::int64_t> out;
-  out.reserve(items.size());
-  for (const Value& item : items) {
-    if (!item.is_int()) error(ErrorCode::pickle_call_args_invalid, what, " holds a ", value_kind_name(item.kind()));
-    out.push_back(item.as_int());
+  out.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const Item& dimension = element(item, i);
+    if (dimension.kind != ItemKind::integer) {
+      error(ErrorCode::pickle_call_args_invalid, what, " holds a ", describe(dimension));
+    }
+    out.push_back(dimension.integer);
   }
   return out;
 }
 
 // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
 // _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata])
-Item Machine::reduce_tensor(const TupleView& args, bool v3) {
+Item Machine::reduce_tensor(const Item& args, bool v3) {
   const std::size_t required = v3 ? 7 : 6;
   const char* callable = v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2";
-  if (args.size() != required && args.size() != required + 1) {
+  if (tuple_size(args) != required && tuple_size(args) != required + 1) {
     error(ErrorCode::pickle_call_args_invalid, callable, " takes ", required, " or ", required + 1, " arguments, not ",
-          args.size());
+          tuple_size(args));
   }
-  const StorageRef* storage = args.storage(0);
-  if (!storage || storage->request.untyped != v3) {
-    error(ErrorCode::pickle_call_args_invalid, "argument 0 is a ", args.describe(0), ", not ",
+  const Item& storage_item = element(args, 0);
+  if (storage_item.kind != ItemKind::storage || storage(storage_item).untyped != v3) {
+    error(ErrorCode::pickle_call_args_invalid, "argument 0 is a ", describe(storage_item), ", not ",
           v3 ? "an UntypedStorage" : "a typed storage");
   }
-  DType dtype = storage->request.dtype;
+  const StorageRef& storage_ref = storage(storage_item);
+  DType dtype = storage_ref.dtype;
   if (v3) {
-    const GlobalRef* dtype_tag = args.global(6);
-    if (!dtype_tag || dtype_tag->kind != GlobalKind::dtype) {
-      error(ErrorCode::pickle_call_args_invalid, "argument 6 is a ", args.describe(6), ", not a torch dtype");
+    const Item& dtype_tag = element(args, 6);
+    if (dtype_tag.kind != ItemKind::global || dtype_tag.global.kind != GlobalKind::dtype) {
+      error(ErrorCode::pickle_call_args_invalid, "argument 6 is a ", describe(dtype_tag), ", not a torch dtype");
     }
-    dtype = dtype_tag->dtype;
+    dtype = dtype_tag.global.dtype;
   }
-  const Value* offset_value = args.value(1);
-  if (!offset_value || !offset_value->is_int()) {
-    error(ErrorCode::pickle_call_args_invalid, "the storage offset is a ", args.describe(1), ", not an int");
+  const Item& offset_value = element(args, 1);
+  if (offset_value.kind != ItemKind::integer) {
+    error(ErrorCode::pickle_call_args_invalid, "the storage offset is a ", describe(offset_value), ", not an int");
   }
-  const Value* requires_grad = args.value(4);
-  if (!requires_grad || !requires_grad->is_bool()) {
-    error(ErrorCode::pickle_call_args_invalid, "requires_grad is a ", args.describe(4), ", not a bool");
+  const Item& requires_grad = element(args, 4);
+  if (requires_grad.kind != ItemKind::boolean) {
+    error(ErrorCode::pickle_call_args_invalid, "requires_grad is a ", describe(requires_grad), ", not a bool");
   }
   TensorData tensor;
   tensor.dtype = dtype;
-  tensor.sizes = int_tuple(args.value(2), "size");
-  tensor.strides = int_tuple(args.value(3), "stride");
-  tensor.storage_offset = offset_value->as_int();
-  tensor.requires_grad = requires_grad->as_bool();
-  tensor.storage = storage->storage;
-  check_hooks(args.value(5), "backward_hooks");
-  if (args.size() == required + 1) {
+  tensor.sizes = int_tuple(element(args, 2), "size");
+  tensor.strides = int_tuple(element(args, 3), "stride");
+  tensor.storage_offset = offset_value.integer;
+  tensor.requires_grad = requires_grad.boolean;
+  tensor.storage = storage_ref.storage;
+  check_hooks(element(args, 5), "backward_hooks");
+  if (tuple_size(args) == required + 1) {
     // torch 2.x passes tensor metadata (conj/neg bits...) only when non-empty.
-    const Value* metadata = args.value(required);
-    if (!metadata || !metadata->is_dict()) {
-      error(ErrorCode::pickle_call_args_invalid, "the rebuild metadata is a ", args.describe(required), ", not a dict");
+    const Item& metadata = element(args, required);
+    const auto metadata_kind = value_kind(metadata);
+    if (metadata_kind != ValueKind::dict && metadata_kind != ValueKind::ordered_dict) {
+      error(ErrorCode::pickle_call_args_invalid, "the rebuild metadata is a ", describe(metadata), ", not a dict");
     }
     check_hooks(metadata, "the rebuild metadata");
   }
-
   // Geometry, mirroring ATen's set_() but stricter (format reference §7.3).
   if (tensor.sizes.size() != tensor.strides.size()) {
     error(ErrorCode::tensor_geometry_invalid, "size has ", tensor.sizes.size(), " dimensions, stride ",
@@ -957,9 +1215,9 @@ Item Machine::reduce_tensor(const TupleView& args, bool v3) {
     error(ErrorCode::tensor_geometry_invalid, "storage offset ", tensor.storage_offset, " is negative");
   }
   const std::size_t itemsize = dtype_itemsize(dtype);
-  const std::uint64_t storage_bytes = storage->storage->nbytes();
+  const std::uint64_t storage_bytes = storage_ref.storage->nbytes();
   if (storage_bytes % itemsize != 0) {
-    error(ErrorCode::storage_size_mismatch, "storage '", storage->request.key, "' of ", storage_bytes,
+    error(ErrorCode::storage_size_mismatch, "storage '", storage_ref.key, "' of ", storage_bytes,
           " bytes is not a whole number of ", dtype_name(dtype), " elements");
   }
   const std::uint64_t storage_numel = storage_bytes / itemsize;
@@ -996,24 +1254,23 @@ Item Machine::reduce_tensor(const TupleView& args, bool v3) {
   if (++tensor_count_ > limits_.max_tensors) {
     error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " tensors");
   }
-  return scalar_item(Value::tensor(std::move(tensor)));
+  return value_item(Value::tensor(std::move(tensor)));
 }
 
 // _rebuild_parameter(tensor, requires_grad, OrderedDict()): nn.Parameter.
-Item Machine::reduce_parameter(const TupleView& args) {
-  const Value* tensor = args.size() == 3 ? args.value(0) : nullptr;
-  const Value* requires_grad = args.size() == 3 ? args.value(1) : nullptr;
-  if (!tensor || !tensor->is_tensor() || !requires_grad || !requires_grad->is_bool()) {
+Item Machine::reduce_parameter(const Item& args) {
+  const bool triple = tuple_size(args) == 3;
+  if (!triple || value_kind(element(args, 0)) != ValueKind::tensor || element(args, 1).kind != ItemKind::boolean) {
     error(ErrorCode::pickle_call_args_invalid, "_rebuild_parameter takes exactly (Tensor, bool, OrderedDict())");
   }
-  check_hooks(args.value(2), "backward_hooks");
-  TensorData parameter = tensor->as_tensor();
+  check_hooks(element(args, 2), "backward_hooks");
+  TensorData parameter = values_[element(args, 0).index].as_tensor();
   parameter.is_parameter = true;
-  parameter.requires_grad = requires_grad->as_bool();
+  parameter.requires_grad = element(args, 1).boolean;
   if (parameter.requires_grad && !dtype_is_differentiable(parameter.dtype)) {
     error(ErrorCode::tensor_requires_grad_invalid, "requires_grad on a ", dtype_name(parameter.dtype), " parameter");
   }
-  return scalar_item(Value::tensor(std::move(parameter)));
+  return value_item(Value::tensor(std::move(parameter)));
 }
 
 // ---- BUILD ------------------------------------------------------------------------------
@@ -1041,26 +1298,30 @@ void Machine::validate_metadata(const Value& state) const {
 
 void Machine::do_build() {
   require(2);
-  Item state = pop();
+  const Item state = pop();
   Item& target = stack_.back();
-  Value* dict = target.value();
-  if (!dict || !dict->is_ordered_dict()) {
+  if (value_kind(target) != ValueKind::ordered_dict) {
     error(ErrorCode::pickle_build_forbidden, "BUILD on a ", describe(target), "; only an OrderedDict takes _metadata");
   }
-  if (dict->as_dict().metadata()) error(ErrorCode::pickle_build_forbidden, "the OrderedDict already has _metadata");
-  const Value* state_value = state.value();
-  if (!state_value) error(ErrorCode::pickle_build_forbidden, "the state is a ", describe(state));
-  validate_metadata(*state_value);
+  if (target.kind == ItemKind::value && values_[target.index].as_dict().metadata()) {
+    error(ErrorCode::pickle_build_forbidden, "the OrderedDict already has _metadata");
+  }
+  if (state.vm_only) error(ErrorCode::pickle_build_forbidden, "the state is a ", describe(state));
+  const Value state_value = take_value(state, "the state");
+  validate_metadata(state_value);
   add_child(target, state);
-  dict->mutable_dict().set_metadata(*state_value->as_dict().find(kMetadataKey));
+  make_mutable(target).mutable_dict().set_metadata(*state_value.as_dict().find(kMetadataKey));
 }
 
 // ---- the loop ---------------------------------------------------------------------------
 
 PickleResult Machine::run() {
-  if (!allow_trailing_bytes_ && size_ > limits_.max_pickle_bytes) {
-    detail::fail(ErrorCode::pickle_too_large, "the pickle has ", size_, " bytes, more than max_pickle_bytes ",
-                 limits_.max_pickle_bytes);
+  if (!allow_trailing_bytes_) {
+    if (size_ > limits_.max_pickle_bytes) {
+      detail::fail(ErrorCode::pickle_too_large, "the pickle has ", size_, " bytes, more than max_pickle_bytes ",
+                   limits_.max_pickle_bytes);
+    }
+    reserve_for_dense_state_dict();
   }
   for (;;) {
     op_offset_ = pos_;
@@ -1083,7 +1344,7 @@ PickleResult Machine::run() {
           error(ErrorCode::pickle_stop_invalid, stack_.size(), " stack items and ", marks_.size(),
                 " open MARKs; expected one item and none");
         }
-        Value root = take_value(std::move(stack_.back()), "the pickled object");
+        Value root = take_value(stack_.back(), "the pickled object");
         if (!allow_trailing_bytes_ && pos_ != size_) {
           error(ErrorCode::pickle_trailing_bytes, size_ - pos_, " bytes follow STOP");
         }
@@ -1093,7 +1354,7 @@ PickleResult Machine::run() {
         result.protocol = protocol_;
         result.uses_binfloat = uses_binfloat_;
         result.tensor_count = tensor_count_;
-        result.storage_count = storage_cache_.size();
+        result.storage_count = storage_refs_.size();
         return result;
       }
       case op::MARK:
@@ -1102,8 +1363,8 @@ PickleResult Machine::run() {
         }
         marks_.push_back(stack_.size());
         break;
-      case op::EMPTY_DICT: push(empty_container_item(Value::dict())); break;
-      case op::EMPTY_LIST: push(empty_container_item(Value::list())); break;
+      case op::EMPTY_DICT: push(empty_container_item(ValueKind::dict)); break;
+      case op::EMPTY_LIST: push(empty_container_item(ValueKind::list)); break;
       case op::EMPTY_TUPLE: do_tuple(0, false); break;
       case op::TUPLE: do_tuple(0, true); break;
       case op::TUPLE1: do_tuple(1, false); break;
@@ -1113,13 +1374,13 @@ PickleResult Machine::run() {
       case op::SETITEMS: do_setitem(true); break;
       case op::APPEND: do_append(false); break;
       case op::APPENDS: do_append(true); break;
-      case op::NONE: push(scalar_item(Value::none())); break;
-      case op::NEWTRUE: push(scalar_item(Value::boolean(true))); break;
-      case op::NEWFALSE: push(scalar_item(Value::boolean(false))); break;
-      case op::BININT1: push(scalar_item(Value::integer(static_cast<std::int64_t>(take_le(1))))); break;
-      case op::BININT2: push(scalar_item(Value::integer(static_cast<std::int64_t>(take_le(2))))); break;
+      case op::NONE: push(Item()); break;
+      case op::NEWTRUE: push(boolean_item(true)); break;
+      case op::NEWFALSE: push(boolean_item(false)); break;
+      case op::BININT1: push(integer_item(static_cast<std::int64_t>(take_le(1)))); break;
+      case op::BININT2: push(integer_item(static_cast<std::int64_t>(take_le(2)))); break;
       case op::BININT:
-        push(scalar_item(Value::integer(static_cast<std::int32_t>(static_cast<std::uint32_t>(take_le(4))))));
+        push(integer_item(static_cast<std::int32_t>(static_cast<std::uint32_t>(take_le(4)))));
         break;
       case op::LONG1: do_long1(); break;
       case op::INT: do_int_line(); break;
@@ -1129,21 +1390,21 @@ PickleResult Machine::run() {
         std::uint64_t bits = 0;
         for (int i = 0; i < 8; ++i) bits = (bits << 8) | std::to_integer<std::uint8_t>(p[i]);  // big-endian
         uses_binfloat_ = true;
-        push(scalar_item(Value::floating(std::bit_cast<double>(bits))));
+        push(floating_item(std::bit_cast<double>(bits)));
         break;
       }
-      case op::SHORT_BINUNICODE: push(scalar_item(Value::string(take_string(take_le(1), false)))); break;
-      case op::BINUNICODE: push(scalar_item(Value::string(take_string(take_le(4), false)))); break;
-      case op::BINUNICODE8: push(scalar_item(Value::string(take_string(take_le(8), false)))); break;
-      case op::SHORT_BINSTRING: push(scalar_item(Value::string(take_string(take_le(1), true)))); break;
+      case op::SHORT_BINUNICODE: push(take_string(take_le(1), false)); break;
+      case op::BINUNICODE: push(take_string(take_le(4), false)); break;
+      case op::BINUNICODE8: push(take_string(take_le(8), false)); break;
+      case op::SHORT_BINSTRING: push(take_string(take_le(1), true)); break;
       case op::BINSTRING: {
         const auto length = static_cast<std::int32_t>(static_cast<std::uint32_t>(take_le(4)));
         if (length < 0) error(ErrorCode::pickle_string_invalid, "negative length ", length);
-        push(scalar_item(Value::string(take_string(static_cast<std::uint64_t>(length), true))));
+        push(take_string(static_cast<std::uint64_t>(length), true));
         break;
       }
-      case op::SHORT_BINBYTES: push(scalar_item(Value::bytes(take_bytes(take_le(1))))); break;
-      case op::BINBYTES: push(scalar_item(Value::bytes(take_bytes(take_le(4))))); break;
+      case op::SHORT_BINBYTES: push(take_bytes(take_le(1))); break;
+      case op::BINBYTES: push(take_bytes(take_le(4))); break;
       case op::BINPUT: memo_put(take_le(1)); break;
       case op::LONG_BINPUT: memo_put(take_le(4)); break;
       case op::MEMOIZE: memo_put(memo_.size()); break;

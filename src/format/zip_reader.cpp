@@ -1,7 +1,9 @@
 #include "format/zip_reader.h"
 
 #include <algorithm>
+#include <bit>
 #include <optional>
+#include <random>
 
 #include "common/checked_arithmetic.h"
 #include "common/fail.h"
@@ -57,27 +59,45 @@ std::string entry_label(std::size_t index, std::string_view name) {
   return detail::concat("zip entry ", index, " '", printable(name), "'");
 }
 
-// a + b where both come from the file; a sum that wraps is as malformed as
-// one that points outside the file, so the caller's code is used for both.
-std::uint64_t add_or_fail(std::uint64_t a, std::uint64_t b, ErrorCode code, const std::string& what) {
-  const auto sum = detail::checked_add(a, b);
-  if (!sum) fail(code, what, ": ", a, " + ", b, " overflows 64 bits");
-  return *sum;
-}
-
 char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
 
-// <0 / 0 / >0 comparison of the ASCII-lowercased strings.
-int compare_folded(std::string_view a, std::string_view b) {
-  const std::size_t common = std::min(a.size(), b.size());
-  for (std::size_t i = 0; i < common; ++i) {
-    const auto x = static_cast<unsigned char>(ascii_lower(a[i]));
-    const auto y = static_cast<unsigned char>(ascii_lower(b[i]));
-    if (x != y) return x < y ? -1 : 1;
+bool equal_folded(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
   }
-  if (a.size() == b.size()) return 0;
-  return a.size() < b.size() ? -1 : 1;
+  return true;
 }
+
+// Names come from the file, so their hash is keyed once per process: a file
+// built in advance to make many names share a slot would otherwise turn the
+// linear index build into a quadratic one.
+std::uint64_t process_hash_key() {
+  static const std::uint64_t key = [] {
+    std::random_device random;
+    return (std::uint64_t{random()} << 32) ^ random();
+  }();
+  return key;
+}
+
+// Keyed FNV-1a over the ASCII-lowercased bytes, so that names equal up to case
+// hash equal, then mixed so that the low bits used as a slot depend on every
+// byte.
+std::uint64_t folded_hash(std::string_view text) {
+  std::uint64_t hash = 0xcbf29ce484222325u ^ process_hash_key();
+  for (char c : text) {
+    hash ^= static_cast<unsigned char>(ascii_lower(c));
+    hash *= 0x100000001b3u;
+  }
+  hash ^= hash >> 32;
+  hash *= 0xff51afd7ed558ccdu;
+  hash ^= hash >> 29;
+  return hash;
+}
+
+// The size of ZipArchive::record_order for `count` entries: a power of two at
+// least twice the count, so that probes stay short and always reach a free slot.
+std::size_t record_index_size(std::size_t count) { return std::max<std::size_t>(16, std::bit_ceil(2 * count)); }
 
 // ---- names ---------------------------------------------------------------------
 
@@ -369,27 +389,28 @@ std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t 
   return pos + zip::kCentralHeaderSize + variable_size;
 }
 
-// Sorts entries by folded record name into archive.record_order and rejects
-// names that repeat, exactly or up to ASCII case (PyTorch looks records up
-// case-insensitively, so either kind makes a lookup ambiguous).
+// Fills archive.record_order and rejects names that repeat, exactly or up to
+// ASCII case (PyTorch looks records up case-insensitively, so either kind makes
+// a lookup ambiguous). The entry reported is the first, in directory order,
+// whose name repeats an earlier one.
 void index_records(ZipArchive& archive) {
   const auto& entries = archive.entries;
-  auto& order = archive.record_order;
-  order.resize(entries.size());
-  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    const int folded = compare_folded(entries[a].record, entries[b].record);
-    return folded != 0 ? folded < 0 : a < b;
-  });
-  for (std::size_t k = 1; k < order.size(); ++k) {
-    const ZipEntry& first = entries[order[k - 1]];
-    const ZipEntry& second = entries[order[k]];
-    if (compare_folded(first.record, second.record) != 0) continue;
-    if (first.name == second.name) {
-      fail(ErrorCode::zip_name_duplicate, entry_label(order[k], second.name), ": same name as entry ", order[k - 1]);
+  auto& slots = archive.record_order;
+  slots.assign(record_index_size(entries.size()), 0);
+  const std::size_t mask = slots.size() - 1;
+  for (std::uint32_t i = 0; i < entries.size(); ++i) {
+    const ZipEntry& entry = entries[i];
+    std::size_t slot = folded_hash(entry.record) & mask;
+    for (; slots[slot] != 0; slot = (slot + 1) & mask) {
+      const std::uint32_t earlier = slots[slot] - 1;
+      if (!equal_folded(entries[earlier].record, entry.record)) continue;
+      if (entries[earlier].name == entry.name) {
+        fail(ErrorCode::zip_name_duplicate, entry_label(i, entry.name), ": same name as entry ", earlier);
+      }
+      fail(ErrorCode::zip_name_case_duplicate, entry_label(i, entry.name), ": differs only in case from ",
+           entry_label(earlier, entries[earlier].name));
     }
-    fail(ErrorCode::zip_name_case_duplicate, entry_label(order[k], second.name), ": differs only in case from ",
-         entry_label(order[k - 1], first.name));
+    slots[slot] = i + 1;
   }
 }
 
@@ -450,8 +471,12 @@ void read_local_entry(std::span<const std::byte> file, std::uint64_t directory_o
       parse_extra(file.subspan(lho + zip::kLocalHeaderSize + name_size, extra_size), index, entry.name, "local", true);
 
   entry.data_offset = header_end;
-  const std::uint64_t data_end = add_or_fail(header_end, entry.size, ErrorCode::zip_entries_overlap,
-                                             entry_label(index, entry.name) + " payload end");
+  const auto payload_end = detail::checked_add(header_end, entry.size);
+  if (!payload_end) {
+    fail(ErrorCode::zip_entries_overlap, entry_label(index, entry.name), " payload end: ", header_end, " + ",
+         entry.size, " overflows 64 bits");
+  }
+  const std::uint64_t data_end = *payload_end;
   if (data_end > directory_offset) {
     fail(ErrorCode::zip_entries_overlap, entry_label(index, entry.name), ": payload [", header_end, ", ", data_end,
          ") runs into the central directory at ", directory_offset);
@@ -515,22 +540,20 @@ void check_layout(const ZipArchive& archive) {
 }  // namespace
 
 const ZipEntry* ZipArchive::find(std::string_view record) const {
-  if (record_order.size() != entries.size()) {
+  if (record_order.size() != record_index_size(entries.size())) {
     for (const ZipEntry& entry : entries) {
       if (entry.record == record) return &entry;
     }
     return nullptr;
   }
-  const auto it = std::lower_bound(record_order.begin(), record_order.end(), record, [&](std::uint32_t index,
-                                                                                         std::string_view key) {
-    return compare_folded(entries[index].record, key) < 0;
-  });
-  // Folded names are unique in an archive read_zip_directory accepted, so
-  // the exact match, if any, is the first folded match.
-  for (auto candidate = it; candidate != record_order.end(); ++candidate) {
-    const ZipEntry& entry = entries[*candidate];
-    if (compare_folded(entry.record, record) != 0) break;
-    if (entry.record == record) return &entry;
+  // The bounds keep a table edited by hand from reading past `entries` or
+  // probing forever; one from read_zip_directory never needs them.
+  const std::size_t mask = record_order.size() - 1;
+  std::size_t slot = folded_hash(record) & mask;
+  for (std::size_t probes = 0; probes < record_order.size() && record_order[slot] != 0; ++probes) {
+    const std::size_t index = record_order[slot] - 1;
+    if (index < entries.size() && entries[index].record == record) return &entries[index];
+    slot = (slot + 1) & mask;
   }
   return nullptr;
 }

@@ -42,10 +42,11 @@ struct ZipArchive {
   std::vector<ZipEntry> entries;  // in central directory order
   std::uint64_t central_directory_offset = 0;
   std::uint64_t central_directory_size = 0;
-  // Indices into `entries` ordered by ASCII-lowercased record name, so that
-  // find() is a binary search (archives may hold a million records, and the
-  // .pt reader looks up every storage). read_zip_directory fills it; an
-  // archive assembled by hand may leave it empty and find() then scans.
+  // A hash table of positions in `entries` + 1 (0: a free slot) by
+  // ASCII-lowercased record name, hashed with a key private to the process,
+  // so that find() takes constant time (archives may hold a million records,
+  // and the .pt reader looks up every storage). read_zip_directory fills it;
+  // an archive assembled by hand may leave it empty and find() then scans.
   std::vector<std::uint32_t> record_order;
 
   // The entry whose record name is exactly `record`, or nullptr.

@@ -314,6 +314,36 @@ TEST(PickleReader, BingetOfImmutableValuesIsAllowed) {
   EXPECT_EQ(items[3].node_identity(), items[4].node_identity());  // shared, not copied
 }
 
+TEST(PickleReader, BingetOfAStringSharesOneNode) {
+  // The VM makes a string a Value only when a result needs it; every
+  // reference to one opcode's string must still share one node.
+  PickleBuilder p;
+  p.proto().mark().str("s").binput(0).binget(0).binget(0).tuple().stop();
+  const Value root = read_value(p);
+  const auto& items = root.as_list();
+  ASSERT_EQ(items.size(), 3u);
+  EXPECT_EQ(items[0].as_string(), "s");
+  EXPECT_EQ(items[0].node_identity(), items[1].node_identity());
+  EXPECT_EQ(items[0].node_identity(), items[2].node_identity());
+}
+
+TEST(PickleReader, EmptyContainersKeepTheirKindsInsideValues) {
+  // Containers nothing was added to are made only when a result needs them.
+  PickleBuilder p;
+  p.proto().mark().ordered_dict().empty_dict().empty_list().tuple3().empty_list().empty_dict().tuple().stop();
+  const Value root = read_value(p);
+  const auto& items = root.as_list();
+  ASSERT_EQ(items.size(), 3u);
+  const auto& inner = items[0].as_list();
+  ASSERT_EQ(inner.size(), 3u);
+  EXPECT_TRUE(inner[0].is_ordered_dict());
+  EXPECT_TRUE(inner[0].as_dict().empty());
+  EXPECT_EQ(inner[1].kind(), ValueKind::dict);
+  EXPECT_TRUE(inner[2].is_list());
+  EXPECT_TRUE(items[1].is_list());
+  EXPECT_EQ(items[2].kind(), ValueKind::dict);
+}
+
 TEST(PickleReader, TrailingBytesAllowedOnRequestReportConsumed) {
   PickleBuilder p;
   p.proto().integer(1001).stop().raw("rest of a legacy stream");
@@ -452,6 +482,21 @@ TEST(PickleReader, RejectsGlobalsOutsideTheAllowlist) {
     PickleBuilder q;
     q.proto(4).str(module).str(name).op(op::STACK_GLOBAL).stop();
     EXPECT_ERROR_CODE(read(q), ErrorCode::pickle_global_forbidden);
+  }
+}
+
+TEST(PickleReader, RejectsMalformedSpellingsOfAllowlistedNames) {
+  // Allowlisted names are matched before the identifier check; near misses
+  // must still be malformed, not forbidden or quantized.
+  const std::vector<std::pair<std::string, std::string>> malformed = {
+      {"collections ", "OrderedDict"}, {"torch", "FloatStorage "}, {"torch", ".QInt8Storage"},
+      {"torch._utils.", "_rebuild_tensor_v2"}, {"torch", std::string("float32\0", 8)},
+  };
+  for (const auto& [module, name] : malformed) {
+    SCOPED_TRACE(module + "|" + name);
+    PickleBuilder q;
+    q.proto(4).str(module).str(name).op(op::STACK_GLOBAL).stop();
+    EXPECT_ERROR_CODE(read(q), ErrorCode::pickle_global_malformed);
   }
 }
 
@@ -747,6 +792,19 @@ TEST(PickleReader, RejectsSharedMutableContainers) {
   PickleBuilder tuple_with_list;  // aliasing through an immutable wrapper
   tuple_with_list.proto().empty_list().tuple1().binput(0).binget(0).tuple2().stop();
   EXPECT_ERROR_CODE(read(tuple_with_list), ErrorCode::pickle_memo_mutable);
+}
+
+TEST(PickleReader, RejectsSharedMutableContainersAfterTheyWereWrittenTo) {
+  PickleBuilder dict;  // the memo slot was filled while the dict was still empty
+  dict.proto().empty_dict().binput(0).str("k").integer(1).setitem().binget(0).tuple2().stop();
+  EXPECT_ERROR_CODE(read(dict), ErrorCode::pickle_memo_mutable);
+  PickleBuilder list;
+  list.proto().empty_list().binput(0).integer(1).append().binget(0).tuple2().stop();
+  EXPECT_ERROR_CODE(read(list), ErrorCode::pickle_memo_mutable);
+  PickleBuilder built;
+  built.proto().ordered_dict().binput(0).empty_dict().str("_metadata").empty_dict().setitem().build();
+  built.binget(0).tuple2().stop();
+  EXPECT_ERROR_CODE(read(built), ErrorCode::pickle_memo_mutable);
 }
 
 TEST(PickleReader, RejectsExponentialTupleDag) {
@@ -1133,6 +1191,41 @@ TEST(PickleReader, RejectsStorageRedeclaration) {
   PickleBuilder same;  // repeating the identical declaration is how views work
   same.proto().mark().tensor_over("FloatStorage", "0", 4).tensor_over("FloatStorage", "0", 4, "cuda:0").tuple().stop();
   EXPECT_NO_THROW(read(same));
+}
+
+TEST(PickleReader, RepeatedKeysFindTheirStorageWhateverTheirNumbers) {
+  // Small keys are looked up by number, large or sparse ones by hash; either
+  // way a repeated key must meet its first declaration. '1500' is hashed when
+  // first seen, then falls inside the numbered range once '1600' is added.
+  std::vector<std::string> keys = {"1500"};
+  for (int i = 0; i < 300; ++i) keys.push_back(std::to_string(1'000'000'000'000 + 7919 * i));
+  keys.insert(keys.end(), {"1600", "0", "1", "5000", "9999999999999999999"});
+  PickleBuilder p;
+  p.proto().mark();
+  for (int round = 0; round < 2; ++round) {
+    for (const std::string& key : keys) p.tensor_over("FloatStorage", key, 1);
+  }
+  p.tuple().stop();
+  MemoryStorages storages;
+  storages.fabricate_missing(1 << 20);
+  const PickleResult result = read(p, storages);
+  EXPECT_EQ(result.storage_count, keys.size());
+  EXPECT_EQ(storages.resolve_calls, static_cast<int>(keys.size()));
+  const auto& tensors = result.root.as_list();
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(tensors[i].as_tensor().storage, tensors[keys.size() + i].as_tensor().storage) << keys[i];
+  }
+  PickleBuilder large;
+  large.proto().mark().pid("FloatStorage", "123456789012", 4).pid("IntStorage", "123456789012", 4).tuple2().stop();
+  EXPECT_ERROR_CODE(read(large), ErrorCode::storage_redeclared);
+
+  PickleOptions legacy;  // legacy keys are always hashed
+  legacy.canonical_storage_keys = false;
+  PickleBuilder pointers;
+  pointers.proto().tensor_over("FloatStorage", "94e3", 1).tensor_over("FloatStorage", "94e3", 1).tuple2().stop();
+  MemoryStorages legacy_storages;
+  legacy_storages.fabricate_missing(1 << 20);
+  EXPECT_EQ(read(pointers, legacy_storages, {}, legacy).storage_count, 1u);
 }
 
 TEST(PickleReader, RejectsViewMetadataInLegacyPersistentIds) {

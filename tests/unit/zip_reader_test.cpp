@@ -174,6 +174,18 @@ TEST(ZipReaderRoundTrip, FindScansWhenTheIndexIsAbsent) {
 
 // ---- benign variants the reader accepts --------------------------------------------
 
+TEST(ZipReaderRoundTrip, FindSurvivesAnIndexEditedByHand) {
+  const auto bytes = small_archive();
+  ZipArchive archive = read_zip_directory(bytes, Limits{});
+  // A full table of stale positions must neither loop forever nor reach
+  // past `entries`.
+  archive.record_order.assign(archive.record_order.size(), 1);
+  EXPECT_EQ(archive.find("data/9"), nullptr);
+  EXPECT_EQ(archive.find(archive.entries[0].record), &archive.entries[0]);
+  archive.record_order.assign(archive.record_order.size(), 1000);
+  EXPECT_EQ(archive.find("data/1"), nullptr);
+}
+
 TEST(ZipReaderAccepts, BuilderDefaultsMatchTheWriter) {
   // The builder's default layout is PyTorch's; if it drifted, every negative
   // test below would test something else.
@@ -623,6 +635,32 @@ TEST(ZipReaderRejects, ExactDuplicateNames) {
 TEST(ZipReaderRejects, NamesThatDifferOnlyInCase) {
   expect_name_rejected("archive/DATA.PKL", ErrorCode::zip_name_case_duplicate);
   expect_name_rejected("archive/Data.pkl", ErrorCode::zip_name_case_duplicate);
+}
+
+TEST(ZipReaderRejects, RepeatedNamesAmongManyRecords) {
+  for (const auto& [repeat, code] : {std::pair{"archive/data/123", ErrorCode::zip_name_duplicate},
+                                     std::pair{"archive/DATA/17", ErrorCode::zip_name_case_duplicate},
+                                     std::pair{"archive/Data.Pkl", ErrorCode::zip_name_case_duplicate}}) {
+    SCOPED_TRACE(repeat);
+    std::vector<ZipBuilderEntry> entries = {zip_entry("archive/data.pkl", "p")};
+    for (int i = 0; i < 300; ++i) entries.push_back(zip_entry("archive/data/" + std::to_string(i), ""));
+    entries.push_back(zip_entry(repeat, ""));
+    EXPECT_ERROR_CODE(read_zip_directory(build_zip(layout_of(std::move(entries))), Limits{}), code);
+  }
+}
+
+TEST(ZipReaderRejects, RepeatedNamesReportTheFirstEntryThatRepeatsAnEarlierOne) {
+  // Entry 2 differs only in case from entry 1 before entry 3 repeats entry 0.
+  const auto layout = layout_of({zip_entry("archive/a", ""), zip_entry("archive/B", ""), zip_entry("archive/b", ""),
+                                 zip_entry("archive/a", "")});
+  try {
+    read_zip_directory(build_zip(layout), Limits{});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::zip_name_case_duplicate);
+    EXPECT_NE(error.detail().find("zip entry 2 'archive/b'"), std::string::npos) << error.detail();
+    EXPECT_NE(error.detail().find("zip entry 1 'archive/B'"), std::string::npos) << error.detail();
+  }
 }
 
 // ---- local headers -----------------------------------------------------------------
