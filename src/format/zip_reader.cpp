@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <optional>
+#include <thread>
+#include <utility>
 #include <random>
 
 #include "common/checked_arithmetic.h"
@@ -607,27 +609,68 @@ ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& lim
   return archive;
 }
 
-void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits) {
-  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
-    const ZipEntry& entry = archive.entries[i];
-    if (entry.data_offset > file.size() || file.size() - entry.data_offset < entry.size) {
-      fail(ErrorCode::invalid_argument, entry_label(i, entry.name), " lies outside the given ", file.size(),
-           "-byte file; the archive was read from other bytes");
-    }
-    // An empty payload's CRC is legitimately 0; a zero CRC on anything else
-    // means the writer skipped it (torch 2.x can), and then there is nothing
-    // to verify against.
-    if (entry.crc32 == 0 && entry.size > 0) {
-      if (limits.allow_zero_crc) continue;
-      fail(ErrorCode::zip_crc_missing, entry_label(i, entry.name),
-           ": CRC-32 field is 0 (Limits::allow_zero_crc is off)");
-    }
-    const std::uint32_t actual = io::crc32_of(zip_entry_bytes(file, entry));
-    if (actual != entry.crc32) {
-      fail(ErrorCode::zip_crc_mismatch, entry_label(i, entry.name), ": CRC-32 of the payload is 0x", std::hex,
-           actual, ", the central directory says 0x", entry.crc32);
+namespace {
+
+void verify_entry_crc(const ZipArchive& archive, std::size_t i, std::span<const std::byte> file, const Limits& limits) {
+  const ZipEntry& entry = archive.entries[i];
+  if (entry.data_offset > file.size() || file.size() - entry.data_offset < entry.size) {
+    fail(ErrorCode::invalid_argument, entry_label(i, entry.name), " lies outside the given ", file.size(),
+         "-byte file; the archive was read from other bytes");
+  }
+  // An empty payload's CRC is legitimately 0; a zero CRC on anything else
+  // means the writer skipped it (torch 2.x can), and then there is nothing
+  // to verify against.
+  if (entry.crc32 == 0 && entry.size > 0) {
+    if (limits.allow_zero_crc) return;
+    fail(ErrorCode::zip_crc_missing, entry_label(i, entry.name), ": CRC-32 field is 0 (Limits::allow_zero_crc is off)");
+  }
+  const std::uint32_t actual = io::crc32_of(zip_entry_bytes(file, entry));
+  if (actual != entry.crc32) {
+    fail(ErrorCode::zip_crc_mismatch, entry_label(i, entry.name), ": CRC-32 of the payload is 0x", std::hex, actual,
+         ", the central directory says 0x", entry.crc32);
+  }
+}
+
+// The first failing entry of [first, last), with its error.
+std::optional<std::pair<std::size_t, Error>> first_crc_failure(const ZipArchive& archive, std::size_t first,
+                                                                std::size_t last, std::span<const std::byte> file,
+                                                                const Limits& limits) {
+  for (std::size_t i = first; i < last; ++i) {
+    try {
+      verify_entry_crc(archive, i, file, limits);
+    } catch (const Error& error) {
+      return std::make_pair(i, error);
     }
   }
+  return std::nullopt;
+}
+
+// Below this many payload bytes a second thread costs more than it saves.
+constexpr std::uint64_t kParallelCrcBytes = std::uint64_t{8} << 20;
+
+}  // namespace
+
+void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits) {
+  std::uint64_t total = 0;
+  for (const ZipEntry& entry : archive.entries) total += entry.size;
+  std::size_t split = archive.entries.size();
+  if (total >= kParallelCrcBytes) {
+    // Halve the bytes, not the entries: one entry may hold most of the file.
+    std::uint64_t running = 0;
+    for (split = 0; split < archive.entries.size() && running < total / 2; ++split) {
+      running += archive.entries[split].size;
+    }
+  }
+  std::optional<std::pair<std::size_t, Error>> second_half;
+  std::thread helper;
+  if (split < archive.entries.size()) {
+    helper = std::thread([&] { second_half = first_crc_failure(archive, split, archive.entries.size(), file, limits); });
+  }
+  auto failure = first_crc_failure(archive, 0, split, file, limits);
+  if (helper.joinable()) helper.join();
+  // Report the failure a sequential check would have found first.
+  if (!failure) failure = std::move(second_half);
+  if (failure) throw failure->second;
 }
 
 }  // namespace holdpoint::format

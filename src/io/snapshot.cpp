@@ -20,6 +20,7 @@ using detail::fail;
 namespace {
 
 constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
+constexpr std::size_t kFirstChunkBytes = std::size_t{256} << 10;
 // Below this size a second thread costs more than it saves.
 constexpr std::size_t kThreadedHashBytes = std::size_t{8} << 20;
 constexpr std::size_t kProgressBytes = std::size_t{64} << 20;
@@ -115,7 +116,9 @@ Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_byte
       try {
         std::size_t done = 0;
         while (done < size) {
-          const std::size_t want = std::min<std::size_t>(kChunkBytes, size - done);
+          // A small first piece lets the hasher start almost at once.
+          const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
+          const std::size_t want = std::min<std::size_t>(chunk, size - done);
           // Faulting the pages in one call is cheaper than faulting them one
           // by one inside read(); kernels before 5.14 ignore the advice.
           ::madvise(data + done, want, MADV_POPULATE_WRITE);
