@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -126,6 +128,9 @@ std::string describe_producer(const FormatMarkers& markers) {
   return "torch 1.6-2.0, or another writer that omits byteorder (LibTorch pickle_save)";
 }
 
+ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> file,
+                             const std::shared_ptr<const void>& owner, const Limits& limits);
+
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
                                const Limits& limits) {
   // TorchScript archives are named as such even when they would fail a zip
@@ -149,14 +154,47 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
          ") is not one a weights checkpoint has");
   }
 
+  // CRC-32 verification reads every payload byte while the records are
+  // interpreted and the pickle runs; neither reads what the other writes, with
+  // one exception: a big-endian archive is byte-swapped in place, so it is
+  // checked first. A CRC failure is always reported ahead of anything the
+  // records said, so a damaged record is reported as damage, not as a strange
+  // value.
+  const ZipEntry* byteorder = archive.find("byteorder");
+  const bool swaps_in_place = byteorder && as_text(zip_entry_bytes(file, *byteorder)) == "big";
+  if (swaps_in_place) {
+    verify_zip_crcs(archive, file, limits);
+    return interpret_records(archive, file, owner, limits);
+  }
+  std::exception_ptr crc_failure;
+  std::thread crc_thread([&] {
+    try {
+      verify_zip_crcs(archive, file, limits);
+    } catch (...) {
+      crc_failure = std::current_exception();
+    }
+  });
+  ParsedFile parsed;
+  std::exception_ptr parse_failure;
+  try {
+    parsed = interpret_records(archive, file, owner, limits);
+  } catch (...) {
+    parse_failure = std::current_exception();
+  }
+  crc_thread.join();
+  if (crc_failure) std::rethrow_exception(crc_failure);
+  if (parse_failure) std::rethrow_exception(parse_failure);
+  return parsed;
+}
+
+// Everything after the zip structure: record values, the pickle, and the
+// storages it references.
+ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> file,
+                             const std::shared_ptr<const void>& owner, const Limits& limits) {
   ParsedFile parsed;
   parsed.format = FileFormat::pytorch_zip;
   FormatMarkers& markers = parsed.markers;
   markers.archive_name = archive.archive_name;
-
-  // Record contents are interpreted only after their CRCs matched, so a
-  // damaged record is reported as damage, not as a strange value.
-  verify_zip_crcs(archive, file, limits);
 
   // PyTorch prefers .data/version when both exist; both must be sane.
   const ZipEntry* data_version = archive.find(".data/version");

@@ -391,6 +391,33 @@ TEST(RecordPolicy, BigEndianArchivesAreSwappedOnRead) {
   EXPECT_EQ(describe_difference(loaded.root, root), "");
 }
 
+// CRCs are verified while the pickle runs; a damaged record must still be
+// reported as damage, ahead of whatever the damaged bytes make the pickle VM
+// or the record checks say.
+TEST(RecordPolicy, CrcFailureWinsOverEveryLaterError) {
+  TempDir dir;
+  save_mapping(dir / "x.pt", sample_mapping());
+  auto file = read_file_bytes(dir / "x.pt");
+  const auto archive = format::read_zip_directory(file, Limits{});
+  for (const char* record : {"data.pkl", "version", "byteorder", "data/0"}) {
+    auto damaged = file;
+    const auto* entry = archive.find(record);
+    ASSERT_NE(entry, nullptr);
+    damaged[entry->data_offset] ^= std::byte{0x55};
+    SCOPED_TRACE(record);
+    EXPECT_EQ(parse_error(damaged), ErrorCode::zip_crc_mismatch);
+  }
+}
+
+TEST(RecordPolicy, CrcFailureOfABigEndianArchiveIsFoundBeforeSwapping) {
+  auto records = records_of(sample_mapping());
+  replace_record(records, "byteorder", "big");
+  auto file = archive_of(records);
+  const auto archive = format::read_zip_directory(file, Limits{});
+  file[archive.find("data/1")->data_offset + 3] ^= std::byte{1};
+  EXPECT_EQ(parse_error(file), ErrorCode::zip_crc_mismatch);
+}
+
 TEST(RecordPolicy, ModernMarkersAreReportedAndValidated) {
   auto records = records_of(sample_mapping());
   records.emplace_back(".format_version", bytes_of("1"));
