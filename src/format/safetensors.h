@@ -7,10 +7,11 @@
 // are zero-copy views into `file` whose storages hold `owner`; their data is
 // not necessarily aligned. Dtypes the specification knows but holdpoint cannot
 // represent (F4, F6_*, F8_E8M0) are rejected after the layout checks.
-// Writer: header padded with spaces to a multiple of 8, tensors ordered by
-// descending element size then name, so every tensor is naturally aligned
-// in the buffer (the reference writer orders by its dtype list, which aligns
-// the same way but may order same-size dtypes differently).
+// Writer: header padded with spaces to a multiple of 8 and listing tensors in
+// the mapping's order (so keys read back in the order written); the data
+// buffer ordered by descending element size then name, so every tensor is
+// naturally aligned (the reference writer orders by its dtype list, which
+// aligns the same way but may order same-size dtypes differently).
 //
 // Failure contract: throws holdpoint::Error with a safetensors_* code naming
 // the tensor and the bound.

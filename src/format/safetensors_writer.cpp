@@ -32,6 +32,16 @@ struct PlannedTensor {
   const TensorData* tensor;
   std::string_view dtype_name;
   std::uint64_t nbytes;
+  std::uint64_t offset = 0;  // in the data buffer
+};
+
+// The header lists tensors in the caller's order, so a mapping read back has
+// its keys in the order it was written; the data buffer is laid out by
+// descending element size, then name, so that every tensor is naturally
+// aligned. Readers find tensors by data_offsets, never by header order.
+struct Plan {
+  std::vector<PlannedTensor> tensors;  // header order
+  std::vector<std::size_t> layout;     // indices into tensors, in data order
 };
 
 // The view's logical size in bytes, after checking that it describes memory
@@ -96,7 +106,7 @@ void check_utf8(std::string_view text, std::string_view what) {
   }
 }
 
-std::vector<PlannedTensor> plan_tensors(const Value& root) {
+Plan plan_tensors(const Value& root) {
   if (!root.is_dict()) {
     fail(ErrorCode::convert_not_flat, "safetensors stores a dict of str -> Tensor; the root is a ",
          value_kind_name(root.kind()));
@@ -126,12 +136,23 @@ std::vector<PlannedTensor> plan_tensors(const Value& root) {
     }
     planned.push_back(PlannedTensor{&name, &tensor, *dtype_name, checked_view_bytes(name, tensor)});
   }
-  std::sort(planned.begin(), planned.end(), [](const PlannedTensor& a, const PlannedTensor& b) {
-    const std::size_t x = a.tensor->itemsize();
-    const std::size_t y = b.tensor->itemsize();
-    return x != y ? x > y : *a.name < *b.name;
+  Plan plan;
+  plan.layout.resize(planned.size());
+  for (std::size_t i = 0; i < planned.size(); ++i) plan.layout[i] = i;
+  std::sort(plan.layout.begin(), plan.layout.end(), [&](std::size_t i, std::size_t j) {
+    const std::size_t x = planned[i].tensor->itemsize();
+    const std::size_t y = planned[j].tensor->itemsize();
+    return x != y ? x > y : *planned[i].name < *planned[j].name;
   });
-  return planned;
+  std::uint64_t offset = 0;
+  for (const std::size_t i : plan.layout) {
+    const auto end = checked_add(offset, planned[i].nbytes);
+    if (!end) fail(ErrorCode::write_value_unsupported, "the tensors together exceed 2^64 bytes");
+    planned[i].offset = offset;
+    offset = *end;
+  }
+  plan.tensors = std::move(planned);
+  return plan;
 }
 
 std::string build_header(const std::vector<PlannedTensor>& planned,
@@ -153,11 +174,8 @@ std::string build_header(const std::vector<PlannedTensor>& planned,
     header.append("}");
     if (!planned.empty()) header.push_back(',');
   }
-  std::uint64_t offset = 0;
   for (std::size_t i = 0; i < planned.size(); ++i) {
     const PlannedTensor& entry = planned[i];
-    const auto end = checked_add(offset, entry.nbytes);
-    if (!end) fail(ErrorCode::write_value_unsupported, "the tensors together exceed 2^64 bytes");
     if (i != 0) header.push_back(',');
     append_json_string(header, *entry.name);
     header.append(":{\"dtype\":\"").append(entry.dtype_name).append("\",\"shape\":[");
@@ -166,11 +184,10 @@ std::string build_header(const std::vector<PlannedTensor>& planned,
       header.append(std::to_string(entry.tensor->sizes[d]));
     }
     header.append("],\"data_offsets\":[")
-        .append(std::to_string(offset))
+        .append(std::to_string(entry.offset))
         .append(",")
-        .append(std::to_string(*end))
+        .append(std::to_string(entry.offset + entry.nbytes))
         .append("]}");
-    offset = *end;
   }
   header.push_back('}');
   header.append((8 - header.size() % 8) % 8, ' ');
@@ -230,8 +247,8 @@ void write_strided(io::ByteSink& sink, const TensorData& tensor, std::vector<std
 }  // namespace
 
 void write_safetensors(io::ByteSink& sink, const Value& root, const std::map<std::string, std::string>& metadata) {
-  const std::vector<PlannedTensor> planned = plan_tensors(root);
-  const std::string header = build_header(planned, metadata);
+  const Plan plan = plan_tensors(root);
+  const std::string header = build_header(plan.tensors, metadata);
 
   std::array<std::byte, 8> length;
   std::uint64_t header_bytes = header.size();
@@ -243,7 +260,8 @@ void write_safetensors(io::ByteSink& sink, const Value& root, const std::map<std
   sink.write(std::as_bytes(std::span<const char>(header)));
 
   std::vector<std::byte> scratch;
-  for (const PlannedTensor& entry : planned) {
+  for (const std::size_t i : plan.layout) {
+    const PlannedTensor& entry = plan.tensors[i];
     if (entry.nbytes == 0) continue;
     const TensorData& tensor = *entry.tensor;
     if (tensor.is_contiguous()) {

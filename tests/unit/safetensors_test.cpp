@@ -201,8 +201,12 @@ if '__metadata__' in keys:
         assert isinstance(mv, str)
         print('M', mk.encode().hex(), mv.encode().hex())
 tensors = [(k, dict(v)) for k, v in pairs if k != '__metadata__']
+for name, _ in tensors:
+    print('H', name.encode().hex())
+# The data buffer (tensors by offset) is ordered by alignment, then name.
+tensors.sort(key=lambda kv: tuple(kv[1]['data_offsets']))
 expected_order = sorted(tensors, key=lambda kv: (-ITEMSIZE[kv[1]['dtype']], kv[0].encode()))
-assert [k for k, _ in tensors] == [k for k, _ in expected_order], 'tensors are not ordered by alignment, then name'
+assert [k for k, _ in tensors] == [k for k, _ in expected_order], 'data is not ordered by alignment, then name'
 offset = 0
 for name, info in tensors:
     assert set(info) == {'dtype', 'shape', 'data_offsets'}
@@ -407,16 +411,17 @@ TEST(SafetensorsRoundTrip, TenThousandTensors) {
   expect_round_trip(Value::ordered_dict(std::move(dict)));
 }
 
-TEST(SafetensorsWriter, LayoutIsExactlyTheReferenceWritersLayout) {
-  // Descending element size then name; offsets from 0; padding to 8 with spaces.
+TEST(SafetensorsWriter, HeaderKeepsTheMappingOrderAndDataIsAligned) {
+  // Header in the mapping's order; data by descending element size then name,
+  // offsets from 0; padding to 8 with spaces.
   const Bytes file = write_bytes(
       dict_of({{"b", TensorData::from_bytes(DType::int8, {1}, bytes_of("x"))},
                {"a", TensorData::from_bytes(DType::int8, {2}, bytes_of("yz"))},
                {"w", TensorData::from_bytes(DType::float32, {}, bytes_of("1234"))}}),
       {{"format", "pt"}});
   const std::string expected_header =
-      R"({"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
-      R"("a":{"dtype":"I8","shape":[2],"data_offsets":[4,6]},"b":{"dtype":"I8","shape":[1],"data_offsets":[6,7]}})";
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"I8","shape":[1],"data_offsets":[6,7]},)"
+      R"("a":{"dtype":"I8","shape":[2],"data_offsets":[4,6]},"w":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})";
   std::string padded = expected_header;
   padded.append((8 - padded.size() % 8) % 8, ' ');
   Bytes expected = make_file(padded, bytes_of("1234yzx"));
@@ -437,17 +442,26 @@ TEST(SafetensorsWriter, OurFilesPassAnIndependentPythonReader) {
   entries.emplace_back("transposed", strided_view(DType::float32, {5, 3}, {1, 5}, 0, 15, 92));
   entries.emplace_back("caf\xC3\xA9 \"q\"", random_tensor(DType::int16, {3}, 93));
   std::map<std::string, std::string> expected_hashes;
-  for (const auto& [name, tensor] : entries) expected_hashes[hex_of(name)] = Sha256::of(tensor.contiguous_bytes()).hex();
+  std::vector<std::string> written_order;
+  for (const auto& [name, tensor] : entries) {
+    expected_hashes[hex_of(name)] = Sha256::of(tensor.contiguous_bytes()).hex();
+    written_order.push_back(hex_of(name));
+  }
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"\xC3\xA9", "line\nbreak"}};
 
   const auto path = dir / "ours.safetensors";
   write_file_bytes(path, write_bytes(dict_of(std::move(entries)), metadata));
   std::istringstream lines(run_python(dir, kCheckLayoutScript, {path.string()}));
   std::map<std::string, std::string> hashes, python_metadata;
+  std::vector<std::string> header_order;
   std::string tag, ok;
   while (lines >> tag) {
     if (tag == "OK") {
       ok = tag;
+    } else if (tag == "H") {
+      std::string name;
+      lines >> name;
+      header_order.push_back(name);
     } else if (tag == "T") {
       std::string name, hash;
       lines >> name >> hash;
@@ -462,6 +476,7 @@ TEST(SafetensorsWriter, OurFilesPassAnIndependentPythonReader) {
   }
   EXPECT_EQ(ok, "OK");
   EXPECT_EQ(hashes, expected_hashes);
+  EXPECT_EQ(header_order, written_order) << "the header keeps the mapping's order";
   std::map<std::string, std::string> hex_metadata;
   for (const auto& [key, value] : metadata) hex_metadata[hex_of(key)] = hex_of(value);
   EXPECT_EQ(python_metadata, hex_metadata);
