@@ -160,7 +160,35 @@ namespace holdpoint {
   X(write_storage_dtype_conflict, "one storage is referenced with two dtypes")                \
   X(write_state_invalid, "the writer was used after finish() or abandon()")                   \
   X(convert_not_flat, "conversion needs a flat mapping of names to tensors")                  \
-  X(dtype_unsupported, "a dtype or tensor kind has no counterpart on the other side (LibTorch build, file format)")
+  X(dtype_unsupported, "a dtype or tensor kind has no counterpart on the other side (LibTorch build, file format)") \
+  /* training-state components (state layer) */                                               \
+  X(state_key_missing, "a component's state lacks a key it requires")                         \
+  X(state_key_unknown, "a component's state has a key the component does not know")           \
+  X(state_type_invalid, "a state field has the wrong type")                                   \
+  X(state_value_invalid, "a state field's value is out of range or inconsistent")             \
+  X(state_shape_mismatch, "a state tensor's shape differs from the live object's")            \
+  X(state_dtype_mismatch, "a state tensor's dtype differs from the live object's")            \
+  X(state_structure_mismatch, "the state's structure (groups, parameters, entries) differs from the live object's") \
+  X(state_apply_failed, "applying a validated state to a live object failed")                 \
+  X(rng_inventory_mismatch, "the file's generators differ from the registered ones")          \
+  X(rng_state_invalid, "a generator state cannot be restored")                                \
+  /* checkpoint schema, identity, profiles, trust (checkpoint layer) */                       \
+  X(schema_field_missing, "the checkpoint manifest lacks a required field")                   \
+  X(schema_field_unknown, "the checkpoint manifest has a field this version does not know")   \
+  X(schema_field_invalid, "a manifest field has the wrong type or value")                     \
+  X(schema_version_unsupported, "the checkpoint schema version is not one this build reads")  \
+  X(checkpoint_kind_mismatch, "the checkpoint's kind (resume, model, selection) is not the one required") \
+  X(component_missing, "a registered component has no state in the checkpoint")               \
+  X(component_unknown, "the checkpoint holds a component that is not registered")             \
+  X(component_digest_mismatch, "a component's content differs from the digest in the manifest") \
+  X(component_contract_mismatch, "a component's structure differs from its contract in the manifest") \
+  X(config_drift, "a load-bearing configuration field differs from the checkpoint's")         \
+  X(config_invalid, "the configuration is malformed")                                         \
+  X(profile_unknown, "the resume profile is not one this build knows")                        \
+  X(profile_precondition_violated, "a precondition of the resume profile does not hold")      \
+  X(unsafe_checkpoint_load_unavailable, "only LibTorch's unhardened deserializer could read this file; untrusted loads refuse it") \
+  X(legacy_layout_unrecognized, "the file's mapping is not a layout a legacy reader knows")   \
+  X(trusted_load_failed, "LibTorch's deserializer failed on a trusted file")
 
 enum class ErrorCode : std::uint16_t {
 #define HOLDPOINT_X(name, description) name,
