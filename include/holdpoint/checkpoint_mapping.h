@@ -55,6 +55,12 @@ struct LoadOptions {
   // Reports reading progress of large files as (bytes read, file size), on
   // the calling thread; reading is the only phase that takes seconds.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;
+  // The caller vouches for the file's producer and custody. When the
+  // restricted reader refuses the file, LibTorch's own deserializer is tried
+  // (a TorchScript archive, a torch::pickle_save pickle) and the result carries
+  // a warning. Needs the LibTorch bridge (holdpoint_torch, which enables it;
+  // see holdpoint/trusted_load.h); LibTorch's unpickler is never used otherwise.
+  bool trusted = false;
 };
 
 // One zip record (or one storage of a legacy stream), for inspection.
@@ -83,6 +89,9 @@ struct FormatMarkers {
 
 struct LoadedMapping {
   Value root;
+  // Set when LibTorch's deserializer produced the mapping (trusted loads).
+  bool via_libtorch = false;
+  std::vector<std::string> warnings;
   FileFormat format = FileFormat::pytorch_zip;
   Sha256Digest sha256;
   std::uint64_t file_bytes = 0;
@@ -91,6 +100,13 @@ struct LoadedMapping {
 };
 
 LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options = {});
+
+namespace detail {
+// The LibTorch fallback of trusted loads, installed by holdpoint_torch.
+using TrustedLoader = LoadedMapping (*)(const std::filesystem::path& path, const LoadOptions& options,
+                                        const Error& restricted_failure);
+void set_trusted_loader(TrustedLoader loader) noexcept;
+}  // namespace detail
 
 // Parses a file already in memory (the fuzz targets and the CLI use this).
 // `bytes` must stay alive and unchanged while the result is used, unless

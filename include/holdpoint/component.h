@@ -27,6 +27,8 @@
 
 namespace holdpoint {
 
+struct ProfileFacts;
+
 enum class CaptureMode : std::uint8_t {
   // Tensors in the Value view the live tensors' memory: cheap, valid until the
   // next optimizer step. Used for synchronous saves.
@@ -47,6 +49,10 @@ class Component {
   virtual void apply(const Value& state) = 0;
   // Default: contract_of(capture(CaptureMode::reference)).
   virtual Value contract() const;
+  // Adds what this component knows about the setup to `facts` (the model's
+  // device, the sampler's kind, the registered generators), for checking
+  // resume-profile preconditions. Default: nothing.
+  virtual void describe(ProfileFacts& facts) const;
 };
 
 // The structure of a state Value: dict keys and value kinds, tensor dtypes and

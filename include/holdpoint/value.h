@@ -135,6 +135,8 @@ class Dict {
 
   const Value* find(const DictKey& key) const;
   const Value* find(std::string_view key) const;
+  const Value* find(const std::string& key) const { return find(std::string_view(key)); }
+  const Value* find(const char* key) const { return find(std::string_view(key)); }
   const Value* find(std::int64_t key) const;
   bool contains(const DictKey& key) const { return find(key) != nullptr; }
   // The value for `key`; throws Error(invalid_argument) naming the key if absent.

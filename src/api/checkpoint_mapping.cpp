@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "format/pt_writer.h"
 #include "format/safetensors.h"
 #include "io/snapshot.h"
+#include "api/publish_file.h"
 #include "io/staged_file.h"
 
 namespace holdpoint {
@@ -40,7 +42,48 @@ LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr
   return mapping;
 }
 
+namespace {
+std::atomic<detail::TrustedLoader> trusted_loader{nullptr};
+
+LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptions& options);
+}  // namespace
+
+void detail::set_trusted_loader(TrustedLoader loader) noexcept { trusted_loader.store(loader); }
+
 LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options) {
+  if (!options.trusted) return load_restricted(path, options);
+  try {
+    return load_restricted(path, options);
+  } catch (const Error& error) {
+    // Only what the file is, never how it was read, is a reason to try LibTorch:
+    // I/O errors and digest mismatches stand.
+    switch (error.code()) {
+      case ErrorCode::io_open_failed:
+      case ErrorCode::io_read_failed:
+      case ErrorCode::io_not_regular_file:
+      case ErrorCode::file_too_large:
+      case ErrorCode::file_changed_during_read:
+      case ErrorCode::sha256_mismatch:
+      case ErrorCode::sha256_invalid:
+      case ErrorCode::file_empty:
+        throw;
+      default: break;
+    }
+    const detail::TrustedLoader loader = trusted_loader.load();
+    if (!loader) {
+      throw Error(ErrorCode::trusted_load_failed,
+                  detail::concat("the restricted reader refused the file (", error_code_name(error.code()),
+                                 ") and LibTorch's deserializer is not available in this program "
+                                 "(link holdpoint_torch and call holdpoint::enable_trusted_loading())"))
+          .with_path(path.string());
+    }
+    return loader(path, options, error);
+  }
+}
+
+namespace {
+
+LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptions& options) {
   std::optional<Sha256Digest> expected;
   if (options.expected_sha256) {
     expected = Sha256Digest::from_hex(*options.expected_sha256);
@@ -60,6 +103,8 @@ LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const L
     throw error.with_path(path.string());
   }
 }
+
+}  // namespace
 
 std::string sha256_sidecar_line(const Sha256Digest& digest, const std::filesystem::path& file) {
   return digest.hex() + "  " + file.filename().string() + "\n";
@@ -113,26 +158,14 @@ Sha256Digest read_sha256_sidecar(const std::filesystem::path& path) {
   return *digest;
 }
 
-SaveResult save_mapping(const std::filesystem::path& path, const Value& root, const SaveOptions& options) {
-  if (options.format == FileFormat::pytorch_legacy) {
-    throw Error(ErrorCode::invalid_argument, "the legacy PyTorch stream is read-only; save as pytorch_zip")
-        .with_path(path.string());
-  }
+namespace detail {
+
+SaveResult publish_file(const std::filesystem::path& path, const PublishOptions& options,
+                        const std::function<void(io::ByteSink&, SaveResult&)>& write) {
   auto staged = io::StagedFile::create(path);
   SaveResult result;
   try {
-    if (options.format == FileFormat::safetensors) {
-      format::write_safetensors(*staged, root);
-      result.tensor_count = root.as_dict().size();
-      result.storage_count = result.tensor_count;
-    } else {
-      format::PtWriteOptions write_options;
-      write_options.torch_1_13_compatible = options.torch_1_13_compatible;
-      write_options.archive_name = options.archive_name;
-      const auto written = format::write_pt(*staged, root, write_options);
-      result.tensor_count = written.tensor_count;
-      result.storage_count = written.storage_count;
-    }
+    write(*staged, result);
     result.file_bytes = staged->position();
     result.sha256 = staged->finish(options.durable);
     staged->commit(options.durable);
@@ -147,6 +180,29 @@ SaveResult save_mapping(const std::filesystem::path& path, const Value& root, co
     write_small_file_atomically(sidecar_path(path), sha256_sidecar_line(result.sha256, path), options.durable);
   }
   return result;
+}
+
+}  // namespace detail
+
+SaveResult save_mapping(const std::filesystem::path& path, const Value& root, const SaveOptions& options) {
+  if (options.format == FileFormat::pytorch_legacy) {
+    throw Error(ErrorCode::invalid_argument, "the legacy PyTorch stream is read-only; save as pytorch_zip")
+        .with_path(path.string());
+  }
+  return detail::publish_file(path, {options.durable, options.write_sidecar}, [&](io::ByteSink& sink, SaveResult& result) {
+    if (options.format == FileFormat::safetensors) {
+      format::write_safetensors(sink, root);
+      result.tensor_count = root.as_dict().size();
+      result.storage_count = result.tensor_count;
+    } else {
+      format::PtWriteOptions write_options;
+      write_options.torch_1_13_compatible = options.torch_1_13_compatible;
+      write_options.archive_name = options.archive_name;
+      const auto written = format::write_pt(sink, root, write_options);
+      result.tensor_count = written.tensor_count;
+      result.storage_count = written.storage_count;
+    }
+  });
 }
 
 }  // namespace holdpoint

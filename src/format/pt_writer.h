@@ -13,9 +13,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "holdpoint/limits.h"
+#include "holdpoint/sha256.h"
 #include "holdpoint/value.h"
 #include "io/byte_sink.h"
 
@@ -33,5 +36,23 @@ struct PtWriteResult {
 };
 
 PtWriteResult write_pt(io::ByteSink& sink, const Value& root, const PtWriteOptions& options = {});
+
+// One storage record written by write_pt_storages_first, with the SHA-256 of
+// its bytes computed while they streamed.
+struct WrittenStorage {
+  std::string key;           // "0", "1", ...
+  const void* identity = nullptr;  // Storage::identity()
+  Sha256Digest sha256;
+};
+
+// Writes the storage records first, hashing each as it streams, then asks
+// `final_root` for the root to pickle (a checkpoint's manifest carries the
+// digests of what was just written) and writes data.pkl, byteorder and
+// version last: one pass over the tensor bytes. The final root must reference
+// exactly the storages of `provisional_root`, in the same first-reference
+// order (invalid_argument otherwise); readers do not care about record order.
+PtWriteResult write_pt_storages_first(io::ByteSink& sink, const Value& provisional_root,
+                                      const std::function<Value(const std::vector<WrittenStorage>&)>& final_root,
+                                      const PtWriteOptions& options = {});
 
 }  // namespace holdpoint::format

@@ -4,6 +4,8 @@ namespace holdpoint {
 
 Value Component::contract() const { return contract_of(capture(CaptureMode::reference)); }
 
+void Component::describe(ProfileFacts&) const {}
+
 Value contract_of(const Value& state) {
   switch (state.kind()) {
     case ValueKind::tensor: {
