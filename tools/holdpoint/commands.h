@@ -22,6 +22,7 @@ void add_inspect_command(CLI::App& app, int& exit_code);
 void add_verify_command(CLI::App& app, int& exit_code);
 void add_convert_command(CLI::App& app, int& exit_code);
 void add_codes_command(CLI::App& app, int& exit_code);
+void add_doctor_command(CLI::App& app, int& exit_code);
 
 // Prints "reading FILE: 37% (...)" on stderr for files of 256 MiB and more,
 // when stderr is a terminal; an empty function otherwise.

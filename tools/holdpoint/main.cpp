@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   holdpoint::cli::add_verify_command(app, exit_code);
   holdpoint::cli::add_convert_command(app, exit_code);
   holdpoint::cli::add_codes_command(app, exit_code);
+  holdpoint::cli::add_doctor_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
