@@ -11,6 +11,7 @@
 #include "common/fail.h"
 #include "format/pt_writer.h"
 #include "holdpoint/trusted_load.h"
+#include "holdpoint_version.h"
 
 namespace holdpoint {
 

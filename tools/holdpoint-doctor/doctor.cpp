@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "holdpoint/resume_profile.h"
+#include "holdpoint_version.h"
 
 namespace holdpoint::doctor {
 

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "holdpoint_version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"holdpoint: trustworthy PyTorch/LibTorch checkpoints (.pt and .safetensors)"};
