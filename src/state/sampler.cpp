@@ -1,0 +1,220 @@
+#include "holdpoint/sampler.h"
+
+#include <ATen/ops/randperm.h>
+
+#include <exception>
+#include <vector>
+
+#include "holdpoint/torch_tensor.h"
+#include "state/state_fields.h"
+#include "state/tensor_state.h"
+
+namespace holdpoint {
+
+namespace {
+
+const std::string kComponentName = "sampler";
+const std::string kSequential = "sequential";
+const std::string kRandom = "random";
+const std::string kStateful = "stateful";
+
+void check_epoch_argument(std::int64_t epoch) {
+  if (epoch < 0) state::state_error(ErrorCode::invalid_argument, "sampler: epoch ", epoch, " is negative");
+}
+
+// The fields every sampler state has.
+void check_header(const state::FieldReader& reader, const std::string& kind, std::int64_t num_samples) {
+  const std::string& found_kind = reader.string("kind");
+  if (found_kind != kind) {
+    state::state_error(ErrorCode::state_structure_mismatch, reader.path_of("kind"), " is '", found_kind,
+                       "', the live sampler is '", kind, "'");
+  }
+  const std::int64_t found_samples = reader.integer("num_samples");
+  if (found_samples != num_samples) {
+    state::state_error(ErrorCode::state_structure_mismatch, reader.path_of("num_samples"), " is ", found_samples,
+                       ", the live sampler has ", num_samples);
+  }
+  const std::int64_t epoch = reader.integer("epoch");
+  if (epoch < 0) state::state_error(ErrorCode::state_value_invalid, reader.path_of("epoch"), " = ", epoch, " is negative");
+}
+
+std::int64_t read_cursor(const state::FieldReader& reader, std::int64_t length) {
+  const std::int64_t cursor = reader.integer("cursor");
+  if (cursor < 0 || cursor > length) {
+    state::state_error(ErrorCode::state_value_invalid, reader.path_of("cursor"), " = ", cursor, " is outside 0..",
+                       length);
+  }
+  return cursor;
+}
+
+Dict header(const std::string& kind, std::int64_t num_samples, std::int64_t epoch) {
+  Dict entries;
+  entries.insert("kind", Value::string(kind));
+  entries.insert("num_samples", Value::integer(num_samples));
+  entries.insert("epoch", Value::integer(epoch));
+  return entries;
+}
+
+// `order` must be an int64 tensor of shape [n] holding each of 0..n-1 once.
+void check_permutation(const TensorData& order, std::int64_t n, const std::string& path) {
+  if (order.dtype != DType::int64) {
+    state::state_error(ErrorCode::state_dtype_mismatch, path, " has dtype ", dtype_name(order.dtype), ", not int64");
+  }
+  if (order.sizes.size() != 1 || order.sizes[0] != n) {
+    state::state_error(ErrorCode::state_shape_mismatch, path, " is not a 1-d tensor of the ", n, " sample indices");
+  }
+  // n is the live sampler's, so the bitmap is sized by the program, not the file.
+  const at::Tensor values = to_at_tensor(order).contiguous();
+  const std::int64_t* ids = values.data_ptr<std::int64_t>();
+  std::vector<bool> seen(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t id = ids[i];
+    if (id < 0 || id >= n) {
+      state::state_error(ErrorCode::state_value_invalid, path, "[", i, "] = ", id, " is outside 0..", n - 1);
+    }
+    if (seen[static_cast<std::size_t>(id)]) {
+      state::state_error(ErrorCode::state_value_invalid, path, "[", i, "] = ", id, " repeats an earlier index");
+    }
+    seen[static_cast<std::size_t>(id)] = true;
+  }
+}
+
+}  // namespace
+
+// ---- SequentialSampler ------------------------------------------------------------
+
+SequentialSampler::SequentialSampler(std::int64_t num_samples) : num_samples_(num_samples) {
+  if (num_samples < 0) state::state_error(ErrorCode::invalid_argument, "sampler: num_samples ", num_samples, " is negative");
+}
+
+const std::string& SequentialSampler::kind() const { return kSequential; }
+
+std::optional<std::int64_t> SequentialSampler::next() {
+  if (cursor_ == num_samples_) return std::nullopt;
+  return cursor_++;
+}
+
+void SequentialSampler::start_epoch(std::int64_t epoch) {
+  check_epoch_argument(epoch);
+  epoch_ = epoch;
+  cursor_ = 0;
+}
+
+Value SequentialSampler::capture_state(CaptureMode) const {
+  Dict entries = header(kSequential, num_samples_, epoch_);
+  entries.insert("cursor", Value::integer(cursor_));
+  return Value::dict(std::move(entries));
+}
+
+void SequentialSampler::validate_state(const Value& state) const {
+  const state::FieldReader reader(state, kComponentName);
+  reader.allow_only({"kind", "num_samples", "epoch", "cursor"});
+  check_header(reader, kSequential, num_samples_);
+  read_cursor(reader, num_samples_);
+}
+
+void SequentialSampler::apply_state(const Value& state) {
+  const state::FieldReader reader(state, kComponentName);
+  epoch_ = reader.integer("epoch");
+  cursor_ = reader.integer("cursor");
+}
+
+// ---- RandomSampler ------------------------------------------------------------------
+
+RandomSampler::RandomSampler(std::int64_t num_samples, at::Generator generator)
+    : num_samples_(num_samples), generator_(std::move(generator)) {
+  if (num_samples < 0) state::state_error(ErrorCode::invalid_argument, "sampler: num_samples ", num_samples, " is negative");
+  if (!generator_.defined() || generator_.device().type() != c10::DeviceType::CPU) {
+    state::state_error(ErrorCode::invalid_argument, "sampler: RandomSampler needs a CPU generator");
+  }
+  start_epoch(0);
+}
+
+const std::string& RandomSampler::kind() const { return kRandom; }
+
+std::optional<std::int64_t> RandomSampler::next() {
+  if (cursor_ == num_samples_) return std::nullopt;
+  return order_.data_ptr<std::int64_t>()[cursor_++];
+}
+
+void RandomSampler::start_epoch(std::int64_t epoch) {
+  check_epoch_argument(epoch);
+  // randperm locks the generator itself.
+  order_ = at::randperm(num_samples_, generator_, at::kLong);
+  epoch_ = epoch;
+  cursor_ = 0;
+}
+
+Value RandomSampler::capture_state(CaptureMode mode) const {
+  Dict entries = header(kRandom, num_samples_, epoch_);
+  // start_epoch replaces order_ rather than writing into it, so a reference
+  // capture stays valid for the rest of the epoch and beyond.
+  entries.insert("order", state::capture_tensor(order_, mode));
+  entries.insert("cursor", Value::integer(cursor_));
+  return Value::dict(std::move(entries));
+}
+
+void RandomSampler::validate_state(const Value& state) const {
+  const state::FieldReader reader(state, kComponentName);
+  reader.allow_only({"kind", "num_samples", "epoch", "order", "cursor"});
+  check_header(reader, kRandom, num_samples_);
+  check_permutation(reader.tensor("order"), num_samples_, reader.path_of("order"));
+  read_cursor(reader, num_samples_);
+}
+
+void RandomSampler::apply_state(const Value& state) {
+  const state::FieldReader reader(state, kComponentName);
+  // A clone keeps a strided view's strides; next() indexes the elements directly.
+  order_ = state::tensor_from_state(reader.tensor("order")).contiguous();
+  epoch_ = reader.integer("epoch");
+  cursor_ = reader.integer("cursor");
+}
+
+// ---- StatefulSampler ------------------------------------------------------------------
+
+StatefulSampler::StatefulSampler(StatefulSamplerProtocol& sampler) : sampler_(sampler) {}
+
+const std::string& StatefulSampler::kind() const { return kStateful; }
+
+void StatefulSampler::start_epoch(std::int64_t epoch) {
+  check_epoch_argument(epoch);
+  sampler_.start_epoch(epoch);
+  epoch_ = epoch;
+}
+
+Value StatefulSampler::capture_state(CaptureMode mode) const {
+  Dict entries = header(kStateful, sampler_.num_samples(), epoch_);
+  entries.insert("sampler_kind", Value::string(sampler_.kind()));
+  const Value inner = sampler_.state_dict();
+  entries.insert("state_dict", mode == CaptureMode::copy ? deep_copy(inner) : inner);
+  return Value::dict(std::move(entries));
+}
+
+void StatefulSampler::validate_state(const Value& state) const {
+  const state::FieldReader reader(state, kComponentName);
+  reader.allow_only({"kind", "num_samples", "epoch", "sampler_kind", "state_dict"});
+  check_header(reader, kStateful, sampler_.num_samples());
+  const std::string& sampler_kind = reader.string("sampler_kind");
+  if (sampler_kind != sampler_.kind()) {
+    state::state_error(ErrorCode::state_structure_mismatch, reader.path_of("sampler_kind"), " is '", sampler_kind,
+                       "', the live sampler is '", sampler_.kind(), "'");
+  }
+  const Value& inner = reader.required("state_dict");
+  try {
+    sampler_.validate_state_dict(inner);
+  } catch (const std::exception& error) {
+    state::state_error(ErrorCode::state_value_invalid, reader.path_of("state_dict"), ": ", error.what());
+  }
+}
+
+void StatefulSampler::apply_state(const Value& state) {
+  const state::FieldReader reader(state, kComponentName);
+  sampler_.load_state_dict(reader.required("state_dict"));
+  epoch_ = reader.integer("epoch");
+}
+
+// ---- component ------------------------------------------------------------------------
+
+const std::string& SamplerState::name() const { return kComponentName; }
+
+}  // namespace holdpoint
