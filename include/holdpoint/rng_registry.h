@@ -54,6 +54,9 @@ class RandomSource {
   virtual void validate_state(const Value& state) const = 0;
   // Requires a state validate_state accepted.
   virtual void set_state(const Value& state) = 0;
+  // The LibTorch generator behind this source (its GeneratorImpl), or nullptr
+  // for other kinds; lets resume profiles check which generators are covered.
+  virtual const void* generator_identity() const { return nullptr; }
 };
 
 // A generator of the caller's own, as three callbacks on its state bytes.
@@ -90,6 +93,7 @@ class RngRegistry final : public Component {
   void validate(const Value& state) const override;
   // Validates first, so that no generator changes unless all can.
   void apply(const Value& state) override;
+  void describe(ProfileFacts& facts) const override;
 
  private:
   const RandomSource* find(std::string_view name) const;

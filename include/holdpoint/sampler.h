@@ -156,6 +156,9 @@ class SamplerState final : public Component {
   Value capture(CaptureMode mode) const override { return sampler_.capture_state(mode); }
   void validate(const Value& state) const override { sampler_.validate_state(state); }
   void apply(const Value& state) override { sampler_.apply_state(state); }
+  // The sampler's kind for profiles ("sequential", "random", or "custom" for
+  // the stateful protocol) and a random sampler's generator.
+  void describe(ProfileFacts& facts) const override;
 
  private:
   Sampler& sampler_;

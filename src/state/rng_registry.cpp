@@ -12,6 +12,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "holdpoint/resume_profile.h"
 #include "holdpoint/torch_tensor.h"
 #include "state/state_fields.h"
 
@@ -123,6 +124,7 @@ class TorchGeneratorSource final : public RandomSource {
   const std::string& name() const override { return name_; }
   const std::string& kind() const override { return kind_; }
   Value get_state() const override { return tensor_value(live_state()); }
+  const void* generator_identity() const override { return generator_.unsafeGetGeneratorImpl(); }
 
   void validate_state(const Value& state) const override {
     const std::string bytes = state_bytes(state, name_);
@@ -453,6 +455,23 @@ void RngRegistry::apply(const Value& value) {
   validate(value);
   const Dict& entries = value.as_dict();
   for (const auto& source : sources_) source->set_state(entries.at(source->name()).as_dict().at(DictKey("state")));
+}
+
+void RngRegistry::describe(ProfileFacts& facts) const {
+  const void* cpu_default = at::detail::getDefaultCPUGenerator().unsafeGetGeneratorImpl();
+  std::size_t cuda_defaults = 0;
+  const std::size_t devices = at::hasCUDA() ? at::getNumGPUs() : 0;
+  for (const auto& source : sources_) {
+    const void* identity = source->generator_identity();
+    if (!identity) continue;
+    facts.registered_generators.push_back(identity);
+    if (identity == cpu_default) facts.cpu_generator_registered = true;
+    for (std::size_t device = 0; device < devices; ++device) {
+      const c10::Device cuda(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+      if (identity == at::globalContext().defaultGenerator(cuda).unsafeGetGeneratorImpl()) ++cuda_defaults;
+    }
+  }
+  facts.all_cuda_generators_registered = cuda_defaults == devices;
 }
 
 void register_default_generators(RngRegistry& registry) {

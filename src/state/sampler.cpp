@@ -5,6 +5,7 @@
 #include <exception>
 #include <vector>
 
+#include "holdpoint/resume_profile.h"
 #include "holdpoint/torch_tensor.h"
 #include "state/state_fields.h"
 #include "state/tensor_state.h"
@@ -216,5 +217,16 @@ void StatefulSampler::apply_state(const Value& state) {
 // ---- component ------------------------------------------------------------------------
 
 const std::string& SamplerState::name() const { return kComponentName; }
+
+void SamplerState::describe(ProfileFacts& facts) const {
+  if (const auto* random = dynamic_cast<const RandomSampler*>(&sampler_)) {
+    facts.sampler_kind = "random";
+    facts.sampler_generator = random->generator().unsafeGetGeneratorImpl();
+  } else if (dynamic_cast<const StatefulSampler*>(&sampler_)) {
+    facts.sampler_kind = "custom";
+  } else {
+    facts.sampler_kind = sampler_.kind();
+  }
+}
 
 }  // namespace holdpoint
