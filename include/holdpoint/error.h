@@ -24,6 +24,7 @@ namespace holdpoint {
 #define HOLDPOINT_ERROR_CODES(X)                                                              \
   /* usage and I/O */                                                                         \
   X(invalid_argument, "the caller passed an argument the API does not accept")                \
+  X(call_order_invalid, "an API was called out of order or past its end (unscale twice, OneCycleLR past total_steps)") \
   X(io_open_failed, "the file could not be opened")                                           \
   X(io_read_failed, "reading the file failed")                                                 \
   X(io_write_failed, "writing the file failed")                                                \
