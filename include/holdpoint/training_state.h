@@ -98,6 +98,9 @@ class TrainingState {
 
   // Components are referenced, not owned; names must be unique.
   TrainingState& add(Component& component);
+  // Forgets every component (to register a new set); settings and an accepted
+  // resume drift are kept.
+  TrainingState& clear_components();
   TrainingState& set_semantic_identity(std::string identity);
   TrainingState& set_profile(ResumeProfile profile);
   TrainingState& set_config(TrainingConfig config);

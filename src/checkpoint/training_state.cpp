@@ -83,6 +83,11 @@ TrainingState& TrainingState::add(Component& component) {
   return *this;
 }
 
+TrainingState& TrainingState::clear_components() {
+  components_.clear();
+  return *this;
+}
+
 TrainingState& TrainingState::set_semantic_identity(std::string identity) {
   semantic_identity_ = std::move(identity);
   return *this;
