@@ -29,7 +29,9 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -89,6 +91,11 @@ struct LoadReport {
   std::optional<ResumeDrift> drift;   // a max_epochs extension accepted by this load
   std::vector<std::string> warnings;
 };
+
+// Checks bytes read back from a just-written checkpoint: they parse with the
+// restricted reader and carry a manifest that reads (the schema check of
+// publication's verify-before-rename step). Throws holdpoint::Error.
+void verify_checkpoint_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner);
 
 class TrainingState {
  public:

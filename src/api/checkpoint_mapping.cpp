@@ -15,7 +15,7 @@
 #include "format/safetensors.h"
 #include "io/snapshot.h"
 #include "api/publish_file.h"
-#include "io/staged_file.h"
+#include "io/file_system.h"
 
 namespace holdpoint {
 
@@ -116,16 +116,10 @@ std::filesystem::path sidecar_path(const std::filesystem::path& path) {
   return std::filesystem::path(path.string() + ".sha256");
 }
 
-void write_small_file_atomically(const std::filesystem::path& path, std::string_view text, bool durable) {
-  auto staged = io::StagedFile::create(path);
-  try {
-    staged->write({reinterpret_cast<const std::byte*>(text.data()), text.size()});
-    staged->finish(durable);
-    staged->commit(durable);
-  } catch (...) {
-    staged->abandon();
-    throw;
-  }
+// The parent directory of `path`, opened without following a symlink there.
+std::unique_ptr<io::Directory> parent_directory(const std::filesystem::path& path) {
+  const auto parent = path.parent_path();
+  return io::posix_file_system().open_directory(parent.empty() ? std::filesystem::path(".") : parent, false);
 }
 
 }  // namespace
@@ -161,25 +155,32 @@ Sha256Digest read_sha256_sidecar(const std::filesystem::path& path) {
 namespace detail {
 
 SaveResult publish_file(const std::filesystem::path& path, const PublishOptions& options,
-                        const std::function<void(io::ByteSink&, SaveResult&)>& write) {
-  auto staged = io::StagedFile::create(path);
-  SaveResult result;
+                        const std::function<void(io::ByteSink&, SaveResult&)>& write,
+                        const io::PublishVerifier& verify) {
+  const std::string name = path.filename().string();
   try {
-    write(*staged, result);
-    result.file_bytes = staged->position();
-    result.sha256 = staged->finish(options.durable);
-    staged->commit(options.durable);
+    auto directory = parent_directory(path);
+    SaveResult result;
+    io::PublishOptions publish_options;
+    publish_options.replace = options.replace;
+    publish_options.durable = options.durable;
+    const io::PublishVerifier default_verify = [](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+      parse_checkpoint_bytes(bytes, owner);
+    };
+    const auto published = io::publish(*directory, name, publish_options,
+                                       [&](io::ByteSink& sink) { write(sink, result); }, verify ? verify : default_verify);
+    result.sha256 = published.sha256;
+    result.file_bytes = published.size;
+    if (options.write_sidecar) {
+      io::PublishOptions sidecar_options;
+      sidecar_options.replace = true;
+      sidecar_options.durable = options.durable;
+      io::publish_text(*directory, name + ".sha256", sha256_sidecar_line(result.sha256, path), sidecar_options);
+    }
+    return result;
   } catch (const Error& error) {
-    staged->abandon();
     throw error.with_path(path.string());
-  } catch (...) {
-    staged->abandon();
-    throw;
   }
-  if (options.write_sidecar) {
-    write_small_file_atomically(sidecar_path(path), sha256_sidecar_line(result.sha256, path), options.durable);
-  }
-  return result;
 }
 
 }  // namespace detail

@@ -1,8 +1,8 @@
-// The one routine that makes a file appear under its final name: a staging
-// file beside it, streamed through a ByteSink while hashed, fsynced, renamed
-// over the target, the directory fsynced, and optionally a sha256sum sidecar
-// published the same way. On any failure the staging file is removed and the
-// target is untouched. (Run directories add verification before the rename.)
+// Publishing a whole file under a path through io::publish on the POSIX file
+// system (staging, fsync, read-back verification, rename, directory fsync),
+// plus an optional sha256sum sidecar published the same way. Used by
+// save_mapping and TrainingState::save; run directories call io::publish
+// themselves.
 #pragma once
 
 #include <filesystem>
@@ -10,17 +10,23 @@
 
 #include "holdpoint/checkpoint_mapping.h"
 #include "io/byte_sink.h"
+#include "io/publish.h"
 
 namespace holdpoint::detail {
 
 struct PublishOptions {
   bool durable = true;
   bool write_sidecar = false;
+  // save_mapping replaces an existing file, like torch.save; run directories
+  // never replace a generation.
+  bool replace = true;
 };
 
 // `write` streams the file's bytes into the sink and may fill the counts of
-// the result; file_bytes and sha256 are set here.
+// the result; `verify` checks the re-read bytes (default: they parse as a
+// checkpoint); file_bytes and sha256 are set here.
 SaveResult publish_file(const std::filesystem::path& path, const PublishOptions& options,
-                        const std::function<void(io::ByteSink&, SaveResult&)>& write);
+                        const std::function<void(io::ByteSink&, SaveResult&)>& write,
+                        const io::PublishVerifier& verify = {});
 
 }  // namespace holdpoint::detail

@@ -188,6 +188,13 @@ Manifest TrainingState::manifest_preview() const {
 
 // ---- save ----------------------------------------------------------------------------------
 
+void verify_checkpoint_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+  const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner);
+  const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
+  if (!manifest) fail(ErrorCode::schema_field_missing, "the written file has no '", kManifestKey, "' manifest");
+  Manifest::from_value(*manifest);
+}
+
 SaveResult TrainingState::save(const std::filesystem::path& path, const CheckpointSaveOptions& options) {
   // A profile is a claim; it is checked before it is written down.
   check_profile(profile_, profile_facts());
@@ -215,13 +222,14 @@ SaveResult TrainingState::save(const std::filesystem::path& path, const Checkpoi
     root.insert_or_assign(std::string(kManifestKey), manifest.to_value());
     return Value::dict(std::move(root));
   };
-  return detail::publish_file(path, {options.durable, options.write_sidecar},
-                              [&](io::ByteSink& sink, SaveResult& result) {
-                                const auto written =
-                                    format::write_pt_storages_first(sink, provisional, finish_root, write_options);
-                                result.tensor_count = written.tensor_count;
-                                result.storage_count = written.storage_count;
-                              });
+  return detail::publish_file(
+      path, {options.durable, options.write_sidecar},
+      [&](io::ByteSink& sink, SaveResult& result) {
+        const auto written = format::write_pt_storages_first(sink, provisional, finish_root, write_options);
+        result.tensor_count = written.tensor_count;
+        result.storage_count = written.storage_count;
+      },
+      verify_checkpoint_bytes);
 }
 
 // ---- load_checkpoint -------------------------------------------------------------------

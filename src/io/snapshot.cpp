@@ -70,9 +70,21 @@ Buffer::~Buffer() { ::munmap(data_, mapped_); }
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress) {
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno))).with_path(path.string());
+  }
+  return read_snapshot_from_fd(fd.get(), path.string(), max_bytes, expected_sha256, progress);
+}
+
+Snapshot read_snapshot_from_fd(int raw_fd, const std::string& label, std::uint64_t max_bytes,
+                               const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress) {
+  const std::filesystem::path path(label);
   try {
-    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) fail(ErrorCode::io_open_failed, "cannot open: ", std::strerror(errno));
+    struct Borrowed {
+      int value;
+      int get() const noexcept { return value; }
+    } fd{raw_fd};
     struct stat info {};
     if (::fstat(fd.get(), &info) != 0) fail(ErrorCode::io_open_failed, "cannot stat: ", std::strerror(errno));
     if (!S_ISREG(info.st_mode)) fail(ErrorCode::io_not_regular_file, "not a regular file");

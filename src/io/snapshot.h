@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "holdpoint/sha256.h"
 
@@ -59,5 +60,11 @@ using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,
                        const ReadProgress& progress = {});
+
+// The same from an open descriptor (not closed here); `label` names the file
+// in errors.
+Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t max_bytes,
+                               const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,
+                               const ReadProgress& progress = {});
 
 }  // namespace holdpoint::io

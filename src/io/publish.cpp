@@ -1,0 +1,70 @@
+#include "io/publish.h"
+
+#include <unistd.h>
+
+#include <random>
+
+#include "common/fail.h"
+#include "io/hashing_writer.h"
+
+namespace holdpoint::io {
+
+bool is_staging_name(std::string_view name) noexcept {
+  return name.size() > 1 && name.front() == '.' && name.find(kStagingMarker) != std::string_view::npos;
+}
+
+PublishResult publish(Directory& directory, const std::string& target, const PublishOptions& options,
+                      const std::function<void(ByteSink&)>& write, const PublishVerifier& verify) {
+  if (target.empty() || target.find('/') != std::string::npos || target == "." || target == "..") {
+    detail::fail(ErrorCode::invalid_argument, "publish: '", target, "' is not a file name");
+  }
+  std::random_device random;
+  std::string staging;
+  std::unique_ptr<WritableFile> file;
+  for (int attempt = 0; !file; ++attempt) {
+    staging = detail::concat(".", target, kStagingMarker, ::getpid(), "-", random());
+    try {
+      file = directory.create_exclusive(staging);
+    } catch (const Error&) {
+      // A name collision (or a planted file or symlink) is tried again under
+      // another name; a directory that refuses every name is an error.
+      if (attempt == 8) throw;
+    }
+  }
+  PublishResult result;
+  try {
+    {
+      HashingWriter writer(*file);
+      write(writer);
+      result.sha256 = writer.finish();
+      result.size = writer.position();
+    }
+    if (options.durable) file->sync();
+    file->close();
+    file.reset();
+    // Read back what the file system now holds: the bytes must be the bytes
+    // written, and they must verify, before the target name points at them.
+    Snapshot snapshot = directory.read(staging, options.max_bytes, result.sha256);
+    if (verify) verify(snapshot.buffer->bytes(), snapshot.buffer);
+    directory.rename(staging, target, options.replace);
+  } catch (...) {
+    file.reset();
+    try {
+      directory.unlink(staging);
+    } catch (const Error&) {
+      // Recovery removes staging files left behind.
+    }
+    throw;
+  }
+  if (options.durable) directory.sync();
+  return result;
+}
+
+PublishResult publish_text(Directory& directory, const std::string& target, std::string_view text,
+                           const PublishOptions& options, const PublishVerifier& verify) {
+  return publish(
+      directory, target, options,
+      [&](ByteSink& sink) { sink.write({reinterpret_cast<const std::byte*>(text.data()), text.size()}); }, verify);
+}
+
+}  // namespace holdpoint::io
