@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "holdpoint/checkpoint_manager.h"
 #include "holdpoint/config_identity.h"
 #include "holdpoint/progress.h"
 #include "holdpoint/resume_profile.h"
@@ -71,6 +72,17 @@ struct TrainerOptions {
   std::optional<std::int64_t> save_every_epochs;
   std::filesystem::path checkpoint_path;
   CheckpointSaveOptions save_options;
+  // A run directory (RunDirectory layout): when set, saves at the cadence go
+  // there as generations instead of to `checkpoint_path`, fit() resumes from
+  // its LATEST first, and the final state is saved when the run finishes.
+  // `run_options` sets retention, the best metric, asynchronous saves and a
+  // time cadence; the step and epoch cadences above are copied into it.
+  std::filesystem::path run_directory;
+  CheckpointManagerOptions run_options;
+  // fit() installs a PreemptionGuard: SIGTERM/SIGINT/SIGUSR1 save at the next
+  // step boundary and fit() returns FitOutcome::preempted (exit with
+  // kExitPreempted); a second signal exits with kExitAborted at once.
+  bool handle_preemption_signals = false;
   // Extra fields of the caller's (seeds, curriculum, loss weights, ...).
   TrainingConfig config;
   std::string code_identity;
@@ -84,6 +96,11 @@ struct StepRecord {
   double loss = 0;         // mean loss over the update's micro-batches
   double learning_rate = 0;  // of the first parameter group, as used by this update
   bool optimizer_stepped = true;  // false when the loss scaler skipped the update
+};
+
+enum class FitOutcome : std::uint8_t {
+  finished,   // finished() is true
+  preempted,  // a preemption signal arrived; the state at the last step boundary is committed
 };
 
 class Trainer {
@@ -108,8 +125,14 @@ class Trainer {
   RngRegistry& rng() noexcept;
 
   StepRecord step();
-  // Runs until finished(), calling `on_step` after every update.
-  void fit(const std::function<void(const StepRecord&)>& on_step = {});
+  // Runs until finished() or preemption, calling `on_step` after every
+  // update. With a run directory it first resumes from LATEST (open_run()).
+  FitOutcome fit(const std::function<void(const StepRecord&)>& on_step = {});
+  // Opens the run directory (recovering it) and resumes from its LATEST, if
+  // it has one; fit() calls it. Returns the load report of the resume.
+  std::optional<LoadReport> open_run();
+  // The run directory's manager (nullptr before open_run()).
+  CheckpointManager* checkpoints() noexcept;
   bool finished() const;
 
   SaveResult save(const std::filesystem::path& path);

@@ -97,6 +97,33 @@ struct LoadReport {
 // publication's verify-before-rename step). Throws holdpoint::Error.
 void verify_checkpoint_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner);
 
+namespace io {
+class ByteSink;
+}
+
+// A checkpoint captured at a step boundary and written later, possibly on
+// another thread (asynchronous saves). Without a stager its tensors view the
+// live tensors and it must be written before the next update; with one (see
+// CheckpointManager) they live in staging memory of their own.
+class PreparedCheckpoint {
+ public:
+  // Streams the checkpoint file into `sink` (tensor records first, the
+  // manifest with per-component digests last); fills the counts of the result.
+  SaveResult write(io::ByteSink& sink) const;
+  const Manifest& manifest() const noexcept { return manifest_; }
+  const std::vector<std::pair<std::string, Value>>& states() const noexcept { return states_; }
+
+ private:
+  friend class TrainingState;
+  Manifest manifest_;
+  std::vector<std::pair<std::string, Value>> states_;
+  bool torch_1_13_compatible_ = false;
+};
+
+// Rewrites captured component states in place (copies their tensors into
+// staging memory).
+using StateStager = std::function<void(std::vector<std::pair<std::string, Value>>& states)>;
+
 class TrainingState {
  public:
   TrainingState() = default;
@@ -126,7 +153,13 @@ class TrainingState {
   Manifest manifest_preview() const;
 
   SaveResult save(const std::filesystem::path& path, const CheckpointSaveOptions& options = {});
+  // Captures every component now (checking the profile first); `stage`, if
+  // given, replaces the captured tensors with copies before returning.
+  PreparedCheckpoint prepare_save(const CheckpointSaveOptions& options = {}, const StateStager& stage = {}) const;
   LoadReport load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
+  // load_checkpoint on a mapping already read and parsed by the restricted
+  // reader (RunDirectory::load); `path` labels the report and errors.
+  LoadReport load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path);
   LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   LoadReport load_trusted_checkpoint(const std::filesystem::path& path);
 

@@ -10,6 +10,7 @@
 #include "checkpoint/legacy_layouts.h"
 #include "common/fail.h"
 #include "format/pt_writer.h"
+#include "holdpoint/run_directory.h"
 #include "holdpoint/trusted_load.h"
 #include "holdpoint_version.h"
 
@@ -189,45 +190,55 @@ Manifest TrainingState::manifest_preview() const {
 // ---- save ----------------------------------------------------------------------------------
 
 void verify_checkpoint_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
-  const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner);
-  const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
-  if (!manifest) fail(ErrorCode::schema_field_missing, "the written file has no '", kManifestKey, "' manifest");
-  Manifest::from_value(*manifest);
+  verify_generation_bytes(bytes, owner);
 }
 
-SaveResult TrainingState::save(const std::filesystem::path& path, const CheckpointSaveOptions& options) {
+PreparedCheckpoint TrainingState::prepare_save(const CheckpointSaveOptions& options, const StateStager& stage) const {
   // A profile is a claim; it is checked before it is written down.
   check_profile(profile_, profile_facts());
-  Manifest manifest = manifest_preview();
+  PreparedCheckpoint prepared;
+  prepared.manifest_ = manifest_preview();
+  prepared.torch_1_13_compatible_ = options.torch_1_13_compatible;
+  for (const Component* c : components_) prepared.states_.emplace_back(c->name(), c->capture(CaptureMode::reference));
+  if (stage) stage(prepared.states_);
+  return prepared;
+}
 
+SaveResult PreparedCheckpoint::write(io::ByteSink& sink) const {
+  Manifest manifest = manifest_;
   Dict body;
   body.insert(std::string(kManifestKey), manifest.to_value());
-  std::vector<std::pair<std::string, Value>> states;
-  for (const Component* c : components_) {
-    states.emplace_back(c->name(), c->capture(CaptureMode::reference));
-    body.insert(c->name(), states.back().second);
-  }
+  for (const auto& [name, state] : states_) body.insert(name, state);
   const Value provisional = Value::dict(body);
 
   format::PtWriteOptions write_options;
-  write_options.torch_1_13_compatible = options.torch_1_13_compatible;
+  write_options.torch_1_13_compatible = torch_1_13_compatible_;
   const auto finish_root = [&](const std::vector<format::WrittenStorage>& written) {
     StorageDigests digests;
     for (const auto& storage : written) digests.set(storage.identity, storage.sha256);
     manifest.components.clear();
-    for (const auto& [name, state] : states) {
+    for (const auto& [name, state] : states_) {
       manifest.components.push_back({name, component_digest(state, digests), contract_of(state)});
     }
     Dict root = body;
     root.insert_or_assign(std::string(kManifestKey), manifest.to_value());
     return Value::dict(std::move(root));
   };
+  const auto written = format::write_pt_storages_first(sink, provisional, finish_root, write_options);
+  SaveResult result;
+  result.tensor_count = written.tensor_count;
+  result.storage_count = written.storage_count;
+  return result;
+}
+
+SaveResult TrainingState::save(const std::filesystem::path& path, const CheckpointSaveOptions& options) {
+  const PreparedCheckpoint prepared = prepare_save(options);
   return detail::publish_file(
       path, {options.durable, options.write_sidecar},
       [&](io::ByteSink& sink, SaveResult& result) {
-        const auto written = format::write_pt_storages_first(sink, provisional, finish_root, write_options);
-        result.tensor_count = written.tensor_count;
-        result.storage_count = written.storage_count;
+        const SaveResult counts = prepared.write(sink);
+        result.tensor_count = counts.tensor_count;
+        result.storage_count = counts.storage_count;
       },
       verify_checkpoint_bytes);
 }
@@ -235,7 +246,10 @@ SaveResult TrainingState::save(const std::filesystem::path& path, const Checkpoi
 // ---- load_checkpoint -------------------------------------------------------------------
 
 LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
-  const LoadedMapping mapping = read_untrusted(path, options);
+  return load_parsed_checkpoint(read_untrusted(path, options), path);
+}
+
+LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path) {
   LoadReport report;
   report.path = path;
   report.sha256 = mapping.sha256;

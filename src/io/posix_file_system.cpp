@@ -76,7 +76,10 @@ class PosixDirectory final : public Directory {
 
   Snapshot read(const std::string& name, std::uint64_t max_bytes, const std::optional<Sha256Digest>& expected,
                 const ReadProgress& progress) override {
-    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO planted at `name` would otherwise wait for a
+    // writer forever; read_snapshot_from_fd then refuses it as not regular.
+    // Regular files ignore the flag.
+    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
     struct Closer {
       int fd;

@@ -12,6 +12,7 @@
 #include "holdpoint/lr_scheduler.h"
 #include "holdpoint/module_state.h"
 #include "holdpoint/optimizer_state.h"
+#include "holdpoint/preemption.h"
 #include "holdpoint/torch_tensor.h"
 
 namespace holdpoint {
@@ -57,6 +58,8 @@ struct Trainer::Impl {
   ProgressState progress_state;
   MetricsHistoryState history_state;
   std::unique_ptr<EarlyStoppingState> early_stop_state;
+  std::unique_ptr<CheckpointManager> checkpoints;
+  bool run_opened = false;
 
   LRScheduler* scheduler = nullptr;
   ReduceLROnPlateau* plateau = nullptr;
@@ -69,6 +72,22 @@ struct Trainer::Impl {
   std::vector<std::int64_t> next_batch();
   void finish_epoch();
   double first_group_lr() const { return optimizer.param_groups().at(0).options().get_lr(); }
+
+  // What a run-directory generation records about the state after `record`.
+  GenerationSpec generation(const StepRecord& record) const {
+    GenerationSpec spec;
+    spec.step = record.step;
+    spec.epoch = progress.epoch;
+    spec.metrics = {{"loss", record.loss}, {"lr", record.learning_rate}};
+    return spec;
+  }
+  GenerationSpec generation_after_last_step() const {
+    GenerationSpec spec;
+    spec.step = progress.global_step;
+    spec.epoch = progress.epoch;
+    if (!history.records().empty()) spec.metrics = history.records().back().metrics;
+    return spec;
+  }
 };
 
 TrainingConfig Trainer::Impl::config() const {
@@ -273,7 +292,9 @@ StepRecord Trainer::step() {
   t.history.append(record.step, record.epoch, {{"loss", record.loss}, {"lr", record.learning_rate}});
 
   const bool epoch_done = t.sampler.remaining() == 0;
-  if ((t.options.save_every_steps && record.step % *t.options.save_every_steps == 0) ||
+  if (t.checkpoints) {
+    t.checkpoints->maybe_save(t.generation(record), epoch_done, record.epoch + 1);
+  } else if ((t.options.save_every_steps && record.step % *t.options.save_every_steps == 0) ||
       (t.options.save_every_epochs && epoch_done && (record.epoch + 1) % *t.options.save_every_epochs == 0)) {
     if (t.options.checkpoint_path.empty()) {
       fail(ErrorCode::invalid_argument, "Trainer: a save cadence is set but checkpoint_path is empty");
@@ -283,17 +304,46 @@ StepRecord Trainer::step() {
   return record;
 }
 
-void Trainer::fit(const std::function<void(const StepRecord&)>& on_step) {
+FitOutcome Trainer::fit(const std::function<void(const StepRecord&)>& on_step) {
+  Impl& t = *impl_;
+  if (!t.options.run_directory.empty() && !t.run_opened) open_run();
+  std::optional<PreemptionGuard> guard;
+  if (t.options.handle_preemption_signals) guard.emplace();
+  const auto save_now = [&] {
+    if (!t.checkpoints) return;
+    t.checkpoints->save(t.generation_after_last_step());
+    t.checkpoints->wait();
+  };
   while (!finished()) {
+    if (guard && PreemptionGuard::requested()) {
+      save_now();
+      return FitOutcome::preempted;
+    }
     // The last epoch's end is reached by drawing from an exhausted sampler.
-    if (impl_->sampler.remaining() == 0) {
-      impl_->finish_epoch();
+    if (t.sampler.remaining() == 0) {
+      t.finish_epoch();
       continue;
     }
     const StepRecord record = step();
     if (on_step) on_step(record);
   }
+  if (t.checkpoints && t.progress.global_step > 0) save_now();
+  return FitOutcome::finished;
 }
+
+std::optional<LoadReport> Trainer::open_run() {
+  Impl& t = *impl_;
+  if (t.options.run_directory.empty()) fail(ErrorCode::invalid_argument, "Trainer::open_run: run_directory is not set");
+  if (t.run_opened) fail(ErrorCode::save_invalid_request, "Trainer::open_run: the run directory is open already");
+  CheckpointManagerOptions options = t.options.run_options;
+  if (t.options.save_every_steps) options.cadence.every_steps = *t.options.save_every_steps;
+  if (t.options.save_every_epochs) options.cadence.every_epochs = *t.options.save_every_epochs;
+  t.checkpoints = std::make_unique<CheckpointManager>(t.options.run_directory, state(), std::move(options));
+  t.run_opened = true;
+  return t.checkpoints->resume();
+}
+
+CheckpointManager* Trainer::checkpoints() noexcept { return impl_->checkpoints.get(); }
 
 SaveResult Trainer::save(const std::filesystem::path& path) { return state().save(path, impl_->options.save_options); }
 

@@ -1,0 +1,691 @@
+#include "holdpoint/run_directory.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/fail.h"
+#include "holdpoint/manifest.h"
+#include "io/file_system.h"
+#include "io/publish.h"
+
+namespace holdpoint {
+
+using detail::concat;
+using detail::fail;
+
+namespace {
+
+constexpr std::string_view kSidecarSuffix = ".sha256";
+constexpr std::uint64_t kMaxSmallFile = 64ull << 20;  // pointers, sidecars, index
+constexpr std::string_view kIndexSchema = "holdpoint.run-index";
+constexpr std::int64_t kIndexSchemaVersion = 1;
+
+std::string sidecar_name(const std::string& generation) { return generation + std::string(kSidecarSuffix); }
+
+std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+std::string pointer_text(const GenerationInfo& g) { return concat(g.name, " ", g.sha256.hex(), "\n"); }
+std::string sidecar_text(const GenerationInfo& g) { return concat(g.sha256.hex(), "  ", g.name, "\n"); }
+
+std::string text_of(const io::Snapshot& snapshot) {
+  const auto bytes = snapshot.buffer->bytes();
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// "<name> <64 hex>\n"
+std::pair<std::string, Sha256Digest> parse_pointer(const std::string& text, std::string_view which) {
+  const auto space = text.find(' ');
+  if (text.empty() || text.back() != '\n' || space == std::string::npos) {
+    fail(ErrorCode::run_pointer_invalid, which, " is not '<generation> <sha256>\\n'");
+  }
+  std::string name = text.substr(0, space);
+  const std::string hex = text.substr(space + 1, text.size() - space - 2);
+  if (!parse_generation_name(name)) fail(ErrorCode::run_pointer_invalid, which, " names '", name, "', not a generation");
+  const auto digest = Sha256Digest::from_hex(hex);
+  if (!digest || hex != digest->hex()) fail(ErrorCode::run_pointer_invalid, which, " has no lowercase SHA-256 digest");
+  return {std::move(name), *digest};
+}
+
+// sha256sum's format: "<64 hex>  <name>\n".
+Sha256Digest parse_sidecar(const std::string& text, const std::string& name) {
+  const std::string expected_tail = concat("  ", name, "\n");
+  if (text.size() != 64 + expected_tail.size() || text.compare(64, std::string::npos, expected_tail) != 0) {
+    fail(ErrorCode::run_sidecar_invalid, sidecar_name(name), " is not '<sha256>  ", name, "\\n'");
+  }
+  const auto digest = Sha256Digest::from_hex(std::string_view(text).substr(0, 64));
+  if (!digest || text.substr(0, 64) != digest->hex()) {
+    fail(ErrorCode::run_sidecar_invalid, sidecar_name(name), " has no lowercase SHA-256 digest");
+  }
+  return *digest;
+}
+
+nlohmann::json index_json(const std::map<std::int64_t, GenerationInfo>& generations) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [step, g] : generations) {
+    nlohmann::json metrics = nlohmann::json::object();
+    for (const auto& [name, value] : g.metrics) {
+      if (std::isfinite(value)) metrics[name] = value;
+    }
+    list.push_back({{"name", g.name},
+                    {"step", g.step},
+                    {"epoch", g.epoch},
+                    {"kind", g.kind},
+                    {"size", g.size},
+                    {"sha256", g.sha256.hex()},
+                    {"saved_at", g.saved_at},
+                    {"metrics", std::move(metrics)}});
+  }
+  return {{"schema", kIndexSchema}, {"schema_version", kIndexSchemaVersion}, {"generations", std::move(list)}};
+}
+
+std::map<std::string, GenerationInfo> parse_index(const std::string& text) {
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
+  if (json.is_discarded() || !json.is_object()) fail(ErrorCode::run_index_invalid, "index.json is not a JSON object");
+  if (json.value("schema", "") != kIndexSchema) fail(ErrorCode::run_index_invalid, "index.json: schema is not '", kIndexSchema, "'");
+  if (!json.contains("schema_version") || !json["schema_version"].is_number_integer() ||
+      json["schema_version"].get<std::int64_t>() != kIndexSchemaVersion) {
+    fail(ErrorCode::run_index_invalid, "index.json: schema_version is not ", kIndexSchemaVersion);
+  }
+  if (!json.contains("generations") || !json["generations"].is_array()) {
+    fail(ErrorCode::run_index_invalid, "index.json: 'generations' is not an array");
+  }
+  std::map<std::string, GenerationInfo> out;
+  std::size_t position = 0;
+  for (const auto& entry : json["generations"]) {
+    const auto where = concat("index.json: generations[", position++, "]");
+    if (!entry.is_object()) fail(ErrorCode::run_index_invalid, where, " is not an object");
+    const auto field = [&](const char* key, auto check, const char* type) -> const nlohmann::json& {
+      if (!entry.contains(key) || !check(entry[key])) fail(ErrorCode::run_index_invalid, where, ".", key, " is not ", type);
+      return entry[key];
+    };
+    const auto is_string = [](const nlohmann::json& j) { return j.is_string(); };
+    const auto is_int = [](const nlohmann::json& j) { return j.is_number_integer(); };
+    const auto is_uint = [](const nlohmann::json& j) { return j.is_number_unsigned(); };
+    GenerationInfo g;
+    g.name = field("name", is_string, "a string").get<std::string>();
+    g.step = field("step", is_int, "an integer").get<std::int64_t>();
+    g.epoch = field("epoch", is_int, "an integer").get<std::int64_t>();
+    g.kind = field("kind", is_string, "a string").get<std::string>();
+    g.size = field("size", is_uint, "an unsigned integer").get<std::uint64_t>();
+    g.saved_at = field("saved_at", is_string, "a string").get<std::string>();
+    const auto digest = Sha256Digest::from_hex(field("sha256", is_string, "a string").get<std::string>());
+    if (!digest) fail(ErrorCode::run_index_invalid, where, ".sha256 is not a SHA-256 digest");
+    g.sha256 = *digest;
+    const auto& metrics = field("metrics", [](const nlohmann::json& j) { return j.is_object(); }, "an object");
+    for (const auto& [name, value] : metrics.items()) {
+      if (!value.is_number()) fail(ErrorCode::run_index_invalid, where, ".metrics.", name, " is not a number");
+      g.metrics.emplace_back(name, value.get<double>());
+    }
+    if (parse_generation_name(g.name) != g.step) {
+      fail(ErrorCode::run_index_invalid, where, ": name '", g.name, "' does not match step ", g.step);
+    }
+    if (!out.emplace(g.name, g).second) fail(ErrorCode::run_index_invalid, where, ": '", g.name, "' is listed twice");
+  }
+  return out;
+}
+
+bool better(double candidate, double incumbent, const BestMetric& metric) {
+  return metric.higher_is_better ? candidate > incumbent : candidate < incumbent;
+}
+
+}  // namespace
+
+// ---- names -----------------------------------------------------------------------------
+
+std::string generation_name(std::int64_t step) {
+  if (step < 0) fail(ErrorCode::invalid_argument, "a generation's step must not be negative (got ", step, ")");
+  std::string digits = std::to_string(step);
+  if (digits.size() < 8) digits.insert(0, 8 - digits.size(), '0');
+  return concat("step-", digits, ".pt");
+}
+
+std::optional<std::int64_t> parse_generation_name(std::string_view name) noexcept {
+  constexpr std::string_view prefix = "step-", suffix = ".pt";
+  if (name.size() < prefix.size() + 8 + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) {
+    return std::nullopt;
+  }
+  const std::string_view digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 18) return std::nullopt;
+  std::int64_t step = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (error != std::errc() || end != digits.data() + digits.size() || step < 0) return std::nullopt;
+  // One spelling per step: exactly what generation_name writes.
+  if (digits.size() > 8 && digits.front() == '0') return std::nullopt;
+  return step;
+}
+
+std::optional<double> GenerationInfo::metric(std::string_view metric_name) const {
+  for (const auto& [name, value] : metrics) {
+    if (name == metric_name) return value;
+  }
+  return std::nullopt;
+}
+
+bool RecoveryReport::clean() const noexcept {
+  return removed_staging.empty() && removed_uncommitted.empty() && damaged.empty() && adopted.empty() &&
+         dropped_from_index.empty() && !latest_problem && !best_problem && !index_problem;
+}
+
+std::vector<std::string> RecoveryReport::lines() const {
+  const std::string verb = read_only ? "would remove" : "removed";
+  std::vector<std::string> out;
+  for (const auto& name : removed_staging) out.push_back(concat(verb, " stale staging file ", name));
+  for (const auto& name : removed_uncommitted) out.push_back(concat(verb, " uncommitted generation ", name, " (newer than LATEST)"));
+  for (const auto& check : damaged) {
+    out.push_back(concat("generation ", check.name, " does not verify (",
+                         check.code ? error_code_name(*check.code) : "unknown", "): ", check.detail));
+  }
+  for (const auto& name : adopted) out.push_back(concat("adopted ", name, " (missing from index.json)"));
+  for (const auto& name : dropped_from_index) out.push_back(concat("index.json listed ", name, ", which is not on disk"));
+  if (index_problem) out.push_back(concat("index.json: ", *index_problem));
+  if (latest_problem) out.push_back(concat("LATEST: ", *latest_problem));
+  if (best_problem) out.push_back(concat("BEST: ", *best_problem));
+  const std::string rewrote = read_only ? "would rewrite" : "rewrote";
+  if (latest_rewritten) out.push_back(concat(rewrote, " LATEST -> ", latest.value_or("(none)")));
+  if (best_rewritten) out.push_back(concat(rewrote, " BEST"));
+  if (index_rewritten) out.push_back(concat(rewrote, " index.json"));
+  return out;
+}
+
+void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+  const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner);
+  const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
+  if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
+  Manifest::from_value(*manifest);
+}
+
+// ---- RunDirectory ------------------------------------------------------------------------
+
+struct RunDirectory::Impl {
+  std::filesystem::path path;
+  RunDirectoryOptions options;
+  io::FileSystem* fs = nullptr;
+  std::unique_ptr<io::Directory> root;
+  std::unique_ptr<io::Directory> checkpoints;  // null while the run has none
+  std::map<std::int64_t, GenerationInfo> committed;
+  std::optional<std::int64_t> latest;
+  std::optional<std::int64_t> best;
+  RecoveryReport report;
+  bool failed = false;
+
+  void log(const std::string& line) const {
+    if (options.log) options.log(line);
+  }
+
+  [[noreturn]] void rethrow_with_run(const Error& error) const {
+    throw Error(error.code(), concat(path.string(), ": ", error.detail())).with_path(error.path());
+  }
+
+  io::Directory& checkpoints_dir() {
+    if (!checkpoints) checkpoints = root->open_subdirectory(std::string(kCheckpointsDirectory), true);
+    return *checkpoints;
+  }
+
+  std::optional<std::string> read_small(io::Directory& dir, const std::string& name) const {
+    const auto info = dir.stat(name);
+    if (!info) return std::nullopt;
+    return text_of(dir.read(name, kMaxSmallFile));
+  }
+
+  io::PublishOptions publish_options(bool replace) const {
+    io::PublishOptions o;
+    o.replace = replace;
+    o.durable = options.durable;
+    o.max_bytes = kMaxSmallFile;
+    return o;
+  }
+
+  void write_index() {
+    io::publish_text(*root, std::string(kRunIndex), index_json(committed).dump(1) + "\n", publish_options(true));
+  }
+
+  void write_pointer(std::string_view which, const GenerationInfo& g) {
+    io::publish_text(*root, std::string(which), pointer_text(g), publish_options(true));
+  }
+
+  GenerationCheck check(const GenerationInfo& g) const {
+    GenerationCheck result;
+    result.name = g.name;
+    try {
+      if (!checkpoints) fail(ErrorCode::run_generation_missing, "there is no checkpoints/ directory");
+      const auto info = checkpoints->stat(g.name);
+      if (!info) fail(ErrorCode::run_generation_missing, "checkpoints/", g.name, " is not on disk");
+      if (const auto sidecar = read_small(*checkpoints, sidecar_name(g.name))) {
+        if (parse_sidecar(*sidecar, g.name) != g.sha256) {
+          fail(ErrorCode::sha256_mismatch, "the sidecar's digest differs from the recorded one ", g.sha256.hex());
+        }
+      }
+      const io::Snapshot snapshot = checkpoints->read(g.name, options.limits.max_file_bytes, g.sha256);
+      if (g.size != 0 && snapshot.buffer->size() != g.size) {
+        fail(ErrorCode::file_changed_during_read, "checkpoints/", g.name, " holds ", snapshot.buffer->size(),
+             " bytes; ", g.size, " were recorded");
+      }
+      verify_generation_bytes(snapshot.buffer->bytes(), snapshot.buffer);
+      result.ok = true;
+    } catch (const Error& error) {
+      result.code = error.code();
+      result.detail = error.what();
+    }
+    return result;
+  }
+
+  void open();
+  void recover_pointers(std::map<std::int64_t, GenerationInfo>& present, const std::map<std::string, GenerationInfo>& indexed);
+};
+
+void RunDirectory::Impl::open() {
+  report.read_only = !options.recover;
+  const bool mutate = options.recover;
+  root = fs->open_directory(path, options.create && mutate);
+
+  // Stale staging files (a crash between create and rename) go first.
+  for (const auto& name : root->list()) {
+    if (io::is_staging_name(name)) {
+      report.removed_staging.push_back(name);
+      if (mutate) root->unlink(name);
+    }
+  }
+  std::map<std::int64_t, GenerationInfo> present;
+  std::set<std::string> sidecars;
+  if (const auto info = root->stat(std::string(kCheckpointsDirectory))) {
+    if (info->type != io::FileInfo::Type::directory) {
+      fail(ErrorCode::run_directory_invalid, "checkpoints is not a directory (a symlink or a file)");
+    }
+    checkpoints = root->open_subdirectory(std::string(kCheckpointsDirectory), false);
+    for (const auto& name : checkpoints->list()) {
+      if (io::is_staging_name(name)) {
+        report.removed_staging.push_back(concat(kCheckpointsDirectory, "/", name));
+        if (mutate) checkpoints->unlink(name);
+      } else if (const auto step = parse_generation_name(name)) {
+        const auto stat = checkpoints->stat(name);
+        if (!stat || stat->type != io::FileInfo::Type::regular) {
+          report.damaged.push_back({name, false, ErrorCode::io_not_regular_file, "not a regular file (never followed)"});
+          continue;
+        }
+        GenerationInfo g;
+        g.name = name;
+        g.step = *step;
+        g.size = stat->size;
+        present.emplace(*step, std::move(g));
+      } else if (name.ends_with(kSidecarSuffix)) {
+        sidecars.insert(name);
+      }
+    }
+    if (mutate) {
+      if (!report.removed_staging.empty()) checkpoints->sync();
+    }
+  }
+  if (mutate && !report.removed_staging.empty()) root->sync();
+
+  // The index: metadata of the generations; a cache that recovery can rebuild.
+  std::map<std::string, GenerationInfo> indexed;
+  try {
+    if (const auto text = read_small(*root, std::string(kRunIndex))) {
+      indexed = parse_index(*text);
+    } else if (!present.empty()) {
+      report.index_problem = "missing";
+    }
+  } catch (const Error& error) {
+    report.index_problem = error.detail();
+  }
+  for (auto& [step, g] : present) {
+    const auto it = indexed.find(g.name);
+    // Sidecar first: it sits beside the file and was written before the index.
+    std::optional<Sha256Digest> sidecar_digest;
+    if (sidecars.count(sidecar_name(g.name))) {
+      try {
+        sidecar_digest = parse_sidecar(*read_small(*checkpoints, sidecar_name(g.name)), g.name);
+      } catch (const Error&) {
+        // Verification reports a bad sidecar when the generation is checked.
+      }
+    }
+    if (it != indexed.end()) {
+      const std::uint64_t size = g.size;
+      g = it->second;
+      if (size != g.size) {
+        report.damaged.push_back({g.name, false, ErrorCode::file_changed_during_read,
+                                  concat("holds ", size, " bytes; index.json records ", g.size)});
+      }
+    } else {
+      if (sidecar_digest) g.sha256 = *sidecar_digest;
+      report.adopted.push_back(g.name);
+    }
+  }
+  for (const auto& [name, g] : indexed) {
+    if (!present.count(g.step)) report.dropped_from_index.push_back(name);
+  }
+  for (const auto& check : report.damaged) {
+    if (const auto step = parse_generation_name(check.name)) present.erase(*step);
+  }
+  recover_pointers(present, indexed);
+}
+
+void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>& present,
+                                          const std::map<std::string, GenerationInfo>& indexed) {
+  const bool mutate = options.recover;
+  // LATEST: verified in full, since resuming will trust it.
+  std::optional<std::pair<std::string, Sha256Digest>> pointer;
+  try {
+    if (const auto text = read_small(*root, std::string(kLatestPointer))) {
+      pointer = parse_pointer(*text, kLatestPointer);
+    } else if (!present.empty()) {
+      report.latest_problem = "missing";
+    }
+  } catch (const Error& error) {
+    report.latest_problem = error.detail();
+  }
+  if (pointer) {
+    const auto step = *parse_generation_name(pointer->first);
+    const auto it = present.find(step);
+    if (it == present.end()) {
+      report.latest_problem = concat("names ", pointer->first, ", which is not on disk");
+    } else {
+      GenerationInfo& g = it->second;
+      if (g.sha256 != pointer->second) {
+        // An adopted file has only its sidecar's digest; the pointer's is the commit record.
+        if (!indexed.count(g.name)) g.sha256 = pointer->second;
+      }
+      GenerationCheck check = g.sha256 == pointer->second
+                                  ? this->check(g)
+                                  : GenerationCheck{g.name, false, ErrorCode::sha256_mismatch,
+                                                    "LATEST's digest differs from index.json's"};
+      if (check.ok) {
+        latest = step;
+      } else {
+        report.latest_problem = concat("names ", g.name, ", which does not verify");
+        report.damaged.push_back(std::move(check));
+        present.erase(it);
+      }
+    }
+  }
+  if (latest) {
+    // Newer files are an interrupted save's: LATEST never moved to them.
+    for (auto it = present.upper_bound(*latest); it != present.end();) {
+      report.removed_uncommitted.push_back(it->second.name);
+      if (mutate) {
+        checkpoints->unlink(it->second.name);
+        if (checkpoints->stat(sidecar_name(it->second.name))) checkpoints->unlink(sidecar_name(it->second.name));
+      }
+      std::erase(report.adopted, it->second.name);
+      it = present.erase(it);
+    }
+    if (mutate && !report.removed_uncommitted.empty()) checkpoints->sync();
+  } else {
+    // No usable LATEST: the newest generation that verifies becomes it.
+    for (auto it = present.rbegin(); it != present.rend();) {
+      GenerationCheck check = this->check(it->second);
+      if (check.ok) {
+        latest = it->first;
+        break;
+      }
+      report.damaged.push_back(std::move(check));
+      it = std::make_reverse_iterator(present.erase(std::next(it).base()));
+    }
+    if (latest) report.latest_rewritten = true;
+  }
+  committed = std::move(present);
+  report.index_rewritten = !committed.empty() && (report.index_problem || !report.adopted.empty() ||
+                                                  !report.dropped_from_index.empty() ||
+                                                  !report.removed_uncommitted.empty() || !report.damaged.empty());
+  if (latest) report.latest = committed.at(*latest).name;
+
+  // BEST: must name a committed generation with the same digest.
+  try {
+    if (const auto text = read_small(*root, std::string(kBestPointer))) {
+      const auto [name, digest] = parse_pointer(*text, kBestPointer);
+      const auto it = committed.find(*parse_generation_name(name));
+      if (it == committed.end()) {
+        report.best_problem = concat("names ", name, ", which is not a committed generation");
+      } else if (it->second.sha256 != digest) {
+        report.best_problem = concat("names ", name, " with another digest");
+      } else {
+        best = it->first;
+      }
+    }
+  } catch (const Error& error) {
+    report.best_problem = error.detail();
+  }
+  if (!best && options.best_metric) {
+    for (const auto& [step, g] : committed) {
+      const auto value = g.metric(options.best_metric->name);
+      if (!value || !std::isfinite(*value)) continue;
+      if (!best || better(*value, *committed.at(*best).metric(options.best_metric->name), *options.best_metric)) best = step;
+    }
+    report.best_rewritten = best.has_value() && report.best_problem.has_value();
+  }
+
+  if (!mutate) return;
+  if (report.index_rewritten) write_index();
+  if (report.latest_rewritten) write_pointer(kLatestPointer, committed.at(*latest));
+  if (report.best_rewritten) write_pointer(kBestPointer, committed.at(*best));
+  if (report.best_problem && !best && root->stat(std::string(kBestPointer))) {
+    // A BEST naming nothing usable, with no metric to rebuild it from, goes.
+    root->unlink(std::string(kBestPointer));
+    root->sync();
+  }
+}
+
+RunDirectory::RunDirectory(const std::filesystem::path& path, RunDirectoryOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->options = std::move(options);
+  impl_->fs = impl_->options.file_system ? impl_->options.file_system : &io::posix_file_system();
+  try {
+    impl_->open();
+  } catch (const Error& error) {
+    impl_->rethrow_with_run(error);
+  }
+  for (const auto& line : impl_->report.lines()) impl_->log(concat(path.string(), ": ", line));
+}
+
+RunDirectory::~RunDirectory() = default;
+
+const std::filesystem::path& RunDirectory::path() const noexcept { return impl_->path; }
+const RunDirectoryOptions& RunDirectory::options() const noexcept { return impl_->options; }
+const RecoveryReport& RunDirectory::recovery() const noexcept { return impl_->report; }
+
+std::vector<GenerationInfo> RunDirectory::generations() const {
+  std::vector<GenerationInfo> out;
+  for (const auto& [step, g] : impl_->committed) out.push_back(g);
+  return out;
+}
+
+std::optional<GenerationInfo> RunDirectory::latest() const {
+  if (!impl_->latest) return std::nullopt;
+  return impl_->committed.at(*impl_->latest);
+}
+
+std::optional<GenerationInfo> RunDirectory::best() const {
+  if (!impl_->best) return std::nullopt;
+  return impl_->committed.at(*impl_->best);
+}
+
+std::optional<GenerationInfo> RunDirectory::find(std::string_view name) const {
+  const auto step = parse_generation_name(name);
+  if (!step) return std::nullopt;
+  const auto it = impl_->committed.find(*step);
+  if (it == impl_->committed.end()) return std::nullopt;
+  return it->second;
+}
+
+std::filesystem::path RunDirectory::file_path(const GenerationInfo& generation) const {
+  return impl_->path / kCheckpointsDirectory / generation.name;
+}
+
+CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& write, const Verifier& verify) {
+  Impl& d = *impl_;
+  if (d.report.read_only) fail(ErrorCode::invalid_argument, d.path.string(), " was opened read-only (recover = false)");
+  CommitResult result;
+  GenerationInfo& g = result.generation;
+  g.name = generation_name(spec.step);
+  g.step = spec.step;
+  g.epoch = spec.epoch;
+  g.kind = spec.kind;
+  g.metrics = spec.metrics;
+  g.saved_at = utc_now();
+  if (d.committed.count(spec.step)) {
+    fail(ErrorCode::run_generation_exists, d.path.string(), ": step ", spec.step, " is already committed as ", g.name);
+  }
+  if (d.latest && spec.step < *d.latest) {
+    fail(ErrorCode::run_step_not_increasing, d.path.string(), ": step ", spec.step, " is before LATEST's step ",
+         *d.latest, "; generations after LATEST would read as uncommitted");
+  }
+  bool latest_moved = false;
+  bool published = false;
+  try {
+    io::Directory& dir = d.checkpoints_dir();
+    // A file under this name that is not committed is a failed earlier
+    // attempt of this process: roll it back before publishing again.
+    if (dir.stat(g.name)) dir.unlink(g.name);
+    io::PublishOptions generation_options;
+    generation_options.replace = false;  // generations are never overwritten
+    generation_options.durable = d.options.durable;
+    generation_options.max_bytes = d.options.limits.max_file_bytes;
+    const auto published_file =
+        io::publish(dir, g.name, generation_options, write, verify ? verify : Verifier(verify_generation_bytes));
+    published = true;
+    g.size = published_file.size;
+    g.sha256 = published_file.sha256;
+    io::publish_text(dir, sidecar_name(g.name), sidecar_text(g), d.publish_options(true));
+    auto next = d.committed;
+    next.emplace(g.step, g);
+    io::publish_text(*d.root, std::string(kRunIndex), index_json(next).dump(1) + "\n", d.publish_options(true));
+    d.write_pointer(kLatestPointer, g);  // the commit point
+    latest_moved = true;
+    d.committed = std::move(next);
+    d.latest = g.step;
+    d.report.latest = g.name;
+
+    if (d.options.best_metric) {
+      const auto value = g.metric(d.options.best_metric->name);
+      if (value && std::isfinite(*value) &&
+          (!d.best || better(*value, *d.committed.at(*d.best).metric(d.options.best_metric->name), *d.options.best_metric))) {
+        d.write_pointer(kBestPointer, g);
+        d.best = g.step;
+        result.became_best = true;
+      }
+    }
+  } catch (const Error& error) {
+    d.failed = true;
+    if (!latest_moved && published) {
+      // Roll back the uncommitted file (recovery would remove it anyway).
+      try {
+        io::Directory& dir = d.checkpoints_dir();
+        if (dir.stat(sidecar_name(g.name))) dir.unlink(sidecar_name(g.name));
+        dir.unlink(g.name);
+      } catch (const Error&) {
+      }
+    }
+    if (latest_moved) {
+      throw Error(error.code(), concat(d.path.string(), ": ", g.name, " is committed (LATEST moved), but a later step failed: ",
+                                       error.detail()))
+          .with_path(error.path());
+    }
+    d.rethrow_with_run(error);
+  }
+  // A commit that verified and moved LATEST clears an earlier failure.
+  d.failed = false;
+  if (d.options.retention.enabled()) result.deleted = collect_garbage(d.options.retention);
+  return result;
+}
+
+LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
+  const Impl& d = *impl_;
+  try {
+    if (!d.checkpoints) fail(ErrorCode::run_generation_missing, "there is no checkpoints/ directory");
+    io::Snapshot snapshot = d.checkpoints->read(generation.name, d.options.limits.max_file_bytes, generation.sha256);
+    LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, d.options.limits);
+    mapping.sha256 = snapshot.sha256;
+    return mapping;
+  } catch (const Error& error) {
+    d.rethrow_with_run(error);
+  }
+}
+
+GenerationCheck RunDirectory::verify(const GenerationInfo& generation) const { return impl_->check(generation); }
+
+std::vector<GenerationCheck> RunDirectory::verify_all() const {
+  std::vector<GenerationCheck> out;
+  for (const auto& [step, g] : impl_->committed) out.push_back(impl_->check(g));
+  return out;
+}
+
+GcPlan RunDirectory::plan_gc(const RetentionPolicy& policy) const {
+  const Impl& d = *impl_;
+  GcPlan plan;
+  std::map<std::int64_t, std::vector<std::string>> reasons;
+  if (d.latest) reasons[*d.latest].push_back("LATEST");
+  if (d.best) reasons[*d.best].push_back("BEST");
+  std::size_t newest = 0;
+  for (auto it = d.committed.rbegin(); it != d.committed.rend(); ++it, ++newest) {
+    if (policy.keep_last == 0 || newest < policy.keep_last) reasons[it->first].push_back("newest");
+    if (policy.keep_every > 0 && it->first % policy.keep_every == 0) reasons[it->first].push_back("every");
+  }
+  if (policy.keep_best > 0 && d.options.best_metric) {
+    std::vector<std::pair<double, std::int64_t>> ranked;
+    for (const auto& [step, g] : d.committed) {
+      if (const auto value = g.metric(d.options.best_metric->name); value && std::isfinite(*value)) {
+        ranked.emplace_back(d.options.best_metric->higher_is_better ? -*value : *value, step);
+      }
+    }
+    std::sort(ranked.begin(), ranked.end());
+    for (std::size_t i = 0; i < ranked.size() && i < policy.keep_best; ++i) reasons[ranked[i].second].push_back("best");
+  }
+  for (const auto& [step, g] : d.committed) {
+    const auto it = reasons.find(step);
+    if (it == reasons.end()) {
+      plan.remove.push_back(g.name);
+      continue;
+    }
+    plan.keep.push_back(g.name);
+    std::string why;
+    for (const auto& r : it->second) why += (why.empty() ? "" : ",") + r;
+    plan.reasons.emplace_back(g.name, why);
+  }
+  return plan;
+}
+
+std::vector<std::string> RunDirectory::collect_garbage(const RetentionPolicy& policy, bool dry_run) {
+  Impl& d = *impl_;
+  GcPlan plan = plan_gc(policy);
+  if (dry_run || plan.remove.empty()) return plan.remove;
+  if (d.report.read_only) fail(ErrorCode::invalid_argument, d.path.string(), " was opened read-only (recover = false)");
+  if (d.failed) {
+    fail(ErrorCode::run_gc_refused, d.path.string(), ": an earlier operation failed; nothing is deleted until a save succeeds");
+  }
+  if (!d.latest) fail(ErrorCode::run_gc_refused, d.path.string(), ": no verified LATEST; nothing is deleted");
+  try {
+    // The index forgets them first: a crash in between leaves files that
+    // recovery re-adopts, never an index naming missing files as committed.
+    auto next = d.committed;
+    for (const auto& name : plan.remove) next.erase(*parse_generation_name(name));
+    io::publish_text(*d.root, std::string(kRunIndex), index_json(next).dump(1) + "\n", d.publish_options(true));
+    d.committed = std::move(next);
+    io::Directory& dir = d.checkpoints_dir();
+    for (const auto& name : plan.remove) {
+      dir.unlink(name);
+      if (dir.stat(sidecar_name(name))) dir.unlink(sidecar_name(name));
+      d.log(concat(d.path.string(), ": retention removed ", name));
+    }
+    if (d.options.durable) dir.sync();
+  } catch (const Error& error) {
+    d.failed = true;
+    d.rethrow_with_run(error);
+  }
+  return plan.remove;
+}
+
+}  // namespace holdpoint
