@@ -39,7 +39,7 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
       result.sha256 = writer.finish();
       result.size = writer.position();
     }
-    (void)0;
+    if (options.durable) file->sync();
     file->close();
     file.reset();
     // Read back what the file system now holds: the bytes must be the bytes

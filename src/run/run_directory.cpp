@@ -549,7 +549,13 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     io::Directory& dir = d.checkpoints_dir();
     // A file under this name that is not committed is a failed earlier
     // attempt of this process: roll it back before publishing again.
-    if (dir.stat(g.name)) dir.unlink(g.name);
+    if (const auto existing = dir.stat(g.name)) {
+      if (existing->type != io::FileInfo::Type::regular) {
+        fail(ErrorCode::io_not_regular_file, "checkpoints/", g.name,
+             " exists and is not a regular file (a symlink?); it is neither followed nor replaced");
+      }
+      dir.unlink(g.name);
+    }
     io::PublishOptions generation_options;
     generation_options.replace = false;  // generations are never overwritten
     generation_options.durable = d.options.durable;
@@ -563,7 +569,11 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     auto next = d.committed;
     next.emplace(g.step, g);
     io::publish_text(*d.root, std::string(kRunIndex), index_json(next).dump(1) + "\n", d.publish_options(true));
-    d.write_pointer(kLatestPointer, g);  // the commit point
+    // The commit point. If this fails after its rename (the directory fsync),
+    // LATEST may already name the new generation, so from here on nothing is
+    // rolled back: the next open decides, from what is durable.
+    published = false;
+    d.write_pointer(kLatestPointer, g);
     latest_moved = true;
     d.committed = std::move(next);
     d.latest = g.step;
