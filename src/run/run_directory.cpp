@@ -158,7 +158,7 @@ std::optional<std::int64_t> parse_generation_name(std::string_view name) noexcep
     return std::nullopt;
   }
   const std::string_view digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 18) return std::nullopt;
+  if (digits.size() > 19) return std::nullopt;
   std::int64_t step = 0;
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
   if (error != std::errc() || end != digits.data() + digits.size() || step < 0) return std::nullopt;
@@ -458,13 +458,29 @@ void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>
   } catch (const Error& error) {
     report.best_problem = error.detail();
   }
-  if (!best && options.best_metric) {
+  if (options.best_metric) {
+    // The metric decides: a crash between LATEST and BEST leaves BEST behind
+    // a better committed generation. A BEST whose generation has no recorded
+    // metric (re-adopted without its index entry) is kept.
+    std::optional<std::int64_t> ranked;
     for (const auto& [step, g] : committed) {
       const auto value = g.metric(options.best_metric->name);
       if (!value || !std::isfinite(*value)) continue;
-      if (!best || better(*value, *committed.at(*best).metric(options.best_metric->name), *options.best_metric)) best = step;
+      if (!ranked || better(*value, *committed.at(*ranked).metric(options.best_metric->name), *options.best_metric)) {
+        ranked = step;
+      }
     }
-    report.best_rewritten = best.has_value() && report.best_problem.has_value();
+    const bool pointer_unranked = best && !committed.at(*best).metric(options.best_metric->name);
+    if (ranked && ranked != best && !pointer_unranked) {
+      if (best && !report.best_problem) {
+        report.best_problem = concat("names ", committed.at(*best).name, ", but ", committed.at(*ranked).name,
+                                     " has the better ", options.best_metric->name);
+      } else if (!best && !report.best_problem) {
+        report.best_problem = "missing";
+      }
+      best = ranked;
+      report.best_rewritten = true;
+    }
   }
 
   if (!mutate) return;
@@ -671,12 +687,15 @@ GcPlan RunDirectory::plan_gc(const RetentionPolicy& policy) const {
 std::vector<std::string> RunDirectory::collect_garbage(const RetentionPolicy& policy, bool dry_run) {
   Impl& d = *impl_;
   GcPlan plan = plan_gc(policy);
-  if (dry_run || plan.remove.empty()) return plan.remove;
+  if (dry_run) return plan.remove;
   if (d.report.read_only) fail(ErrorCode::invalid_argument, d.path.string(), " was opened read-only (recover = false)");
   if (d.failed) {
     fail(ErrorCode::run_gc_refused, d.path.string(), ": an earlier operation failed; nothing is deleted until a save succeeds");
   }
-  if (!d.latest) fail(ErrorCode::run_gc_refused, d.path.string(), ": no verified LATEST; nothing is deleted");
+  if (!d.latest && !d.committed.empty()) {
+    fail(ErrorCode::run_gc_refused, d.path.string(), ": no verified LATEST; nothing is deleted");
+  }
+  if (plan.remove.empty()) return plan.remove;
   try {
     // The index forgets them first: a crash in between leaves files that
     // recovery re-adopts, never an index naming missing files as committed.
