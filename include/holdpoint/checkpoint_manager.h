@@ -73,13 +73,17 @@ class CheckpointManager {
   // What opening the run directory found (recovery).
   const RecoveryReport& recovery() const;
   // Loads LATEST into the training state transactionally, against its
-  // recorded SHA-256; nullopt when the run has no generation yet.
+  // recorded SHA-256; nullopt when the run has no generation yet. A run whose
+  // generations are all damaged (quarantined) is refused with
+  // run_no_generation rather than silently restarted from scratch.
   std::optional<LoadReport> resume();
 
   // True when the cadence asks for a save after this step.
   bool due(std::int64_t step, bool epoch_completed, std::int64_t epochs_completed) const;
-  // Saves now (asynchronously when configured). A step already committed is
-  // skipped (nullopt). Throws the error of a failed background save first.
+  // Saves now (asynchronously when configured). A save of the step LATEST
+  // already holds is skipped (nullopt); an older step is refused
+  // (run_step_not_increasing). Throws the error of a failed background save
+  // first.
   std::optional<SaveStats> save(const GenerationSpec& spec);
   std::optional<SaveStats> maybe_save(const GenerationSpec& spec, bool epoch_completed, std::int64_t epochs_completed);
   // Waits for the save in flight and throws its error, if any.

@@ -191,14 +191,16 @@ namespace holdpoint {
   X(legacy_layout_unrecognized, "the file's mapping is not a layout a legacy reader knows")   \
   X(trusted_load_failed, "LibTorch's deserializer failed on a trusted file")                  \
   /* run directories, publication, saving (run layer) */                                      \
-  X(run_directory_invalid, "the run directory is not a directory, or is a symlink")            \
+  X(run_directory_invalid, "checkpoints/ in the run directory is not a directory (a symlink or a file)") \
+  X(run_directory_locked, "another process has the run directory open for writing")           \
+  X(run_generation_unreadable, "a generation could not be read or is beyond this build's limits or schema; recovery stops rather than fall back") \
   X(run_pointer_invalid, "LATEST or BEST is malformed or names no generation")                 \
   X(run_index_invalid, "index.json is malformed")                                              \
   X(run_sidecar_invalid, "a generation's .sha256 sidecar is malformed or names another file")  \
   X(run_generation_exists, "a generation for this step is already committed")                 \
   X(run_step_not_increasing, "a new generation's step is not after LATEST's")                  \
   X(run_generation_missing, "a generation named by the index or a pointer is not on disk")     \
-  X(run_no_generation, "the run directory holds no generation that verifies")                 \
+  X(run_no_generation, "the run directory has damaged generations and none that verifies; resuming from scratch is refused") \
   X(run_gc_refused, "retention refused to delete: an operation failed or LATEST is not verified") \
   X(export_destination_invalid, "the export destination exists and is not an empty directory") \
   X(save_invalid_request, "a save or preemption request is invalid in the current state")

@@ -15,15 +15,21 @@
 // previous committed generation or the new one; docs/publication.md argues
 // each step.
 //
-// Open (the constructor) recovers: stale staging files are removed; LATEST is
-// read and its generation verified (size, SHA-256 against pointer, sidecar and
-// index, bounded parse, manifest schema); generations newer than a verified
-// LATEST are uncommitted leftovers of an interrupted save and are removed; a
-// missing or damaged LATEST falls back to the newest generation that verifies
-// (LATEST is rewritten); index entries without a file are dropped and
-// generation files missing from the index are re-adopted. recovery() says what
-// was found and done. With `recover = false` nothing is changed and the report
-// says what recovery would do (inspection: `holdpoint ls`).
+// Open (the constructor) takes an advisory lock (.holdpoint-lock, POSIX only;
+// a second writer gets run_directory_locked) and recovers: stale staging
+// files and orphaned sidecars are removed; LATEST is read and its generation
+// verified (size, SHA-256 against pointer, sidecar and index, bounded parse,
+// manifest schema); generations newer than a verified LATEST are uncommitted
+// leftovers of an interrupted save and are removed; a missing or damaged
+// LATEST falls back to the newest generation that verifies (LATEST is
+// rewritten); index entries without a file are dropped and generation files
+// missing from the index are read, hashed, verified and re-adopted. A
+// generation whose content fails verification is moved aside as
+// "<name>.damaged" (never deleted, never a generation again). A generation
+// that cannot be read at all (an I/O error, beyond Limits, a newer schema)
+// stops recovery with run_generation_unreadable instead of falling back past
+// it. recovery() says what was found and done. With `recover = false` nothing
+// is changed and the report says what recovery would do (`holdpoint ls`).
 //
 // Retention keeps the newest N, every K-th step and the best K by a metric,
 // never deletes the generation LATEST or BEST names or the newest verified
@@ -31,8 +37,10 @@
 // sidecars), and deletes nothing once an operation of this object failed.
 //
 // Failure contract: throws holdpoint::Error naming the run directory and the
-// file; run_* codes for the directory's own files, io_* for the file system,
-// and the reader's codes for a generation that does not verify.
+// file; run_* codes for the directory's own files, io_* for the file system
+// (a symlink in place of the run directory is io_open_failed: it is opened
+// with O_NOFOLLOW), and the reader's codes for a generation that does not
+// verify.
 //
 // Thread-safety: one thread at a time (CheckpointManager serialises its
 // background saves against the training thread).
@@ -93,7 +101,10 @@ struct GenerationCheck {
 struct RecoveryReport {
   std::vector<std::string> removed_staging;
   std::vector<std::string> removed_uncommitted;  // generations newer than LATEST (and their sidecars)
-  std::vector<GenerationCheck> damaged;          // failed verification; kept on disk, not LATEST
+  std::vector<GenerationCheck> damaged;          // failed verification; moved aside, never LATEST
+  std::vector<std::string> quarantined;          // where damaged files went: "<name>.damaged"
+  std::vector<std::string> previously_quarantined;  // "<name>.damaged" files found from earlier opens
+  std::vector<std::string> removed_orphan_sidecars;  // sidecars whose generation is gone
   std::vector<std::string> adopted;              // generation files the index lacked
   std::vector<std::string> dropped_from_index;   // index entries without a file
   std::optional<std::string> latest_problem;     // LATEST missing, malformed or not verifying
@@ -199,6 +210,7 @@ class RunDirectory {
 
 // The verifier commits use by default: the bytes parse with the restricted
 // reader and hold a holdpoint manifest that reads.
-void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner);
+void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
+                             const Limits& limits = {});
 
 }  // namespace holdpoint

@@ -36,7 +36,7 @@ struct CheckpointManager::Impl {
   std::thread worker;
   std::exception_ptr failure;
   std::atomic<bool> worker_done{false};
-  std::int64_t failed_step = 0;
+  std::int64_t failed_step = 0;  // the step of the save in flight (or last started)
   std::optional<CommitResult> last_commit;
   Clock::time_point last_save = Clock::now();
 
@@ -62,8 +62,7 @@ struct CheckpointManager::Impl {
     try {
       std::rethrow_exception(error);
     } catch (const Error& e) {
-      throw Error(e.code(), concat("the background save of step ", failed_step, " failed (LATEST was not moved to it): ",
-                                   e.detail()))
+      throw Error(e.code(), concat("the background save of step ", failed_step, " failed: ", e.detail()))
           .with_path(e.path());
     }
   }
@@ -92,7 +91,16 @@ const RecoveryReport& CheckpointManager::recovery() const { return impl_->run.re
 std::optional<LoadReport> CheckpointManager::resume() {
   impl_->rethrow(impl_->join());
   const auto latest = impl_->run.latest();
-  if (!latest) return std::nullopt;
+  if (!latest) {
+    const RecoveryReport& found = impl_->run.recovery();
+    if (!found.damaged.empty() || !found.previously_quarantined.empty()) {
+      detail::fail(ErrorCode::run_no_generation, impl_->run.path().string(),
+                   ": no generation verifies, but damaged ones exist (", found.damaged.size() + found.previously_quarantined.size(),
+                   " moved aside as *.damaged); resuming from scratch is refused. Inspect with `holdpoint ls`, then "
+                   "remove the run directory or the damaged files to start over");
+    }
+    return std::nullopt;
+  }
   const LoadedMapping mapping = impl_->run.load(*latest);
   LoadReport report = impl_->state.load_parsed_checkpoint(mapping, impl_->run.file_path(*latest));
   impl_->log(concat("resumed ", impl_->run.path().string(), " from ", latest->name, " (step ", latest->step, ")"));
@@ -114,8 +122,7 @@ std::optional<SaveStats> CheckpointManager::save(const GenerationSpec& spec) {
   stats.step = spec.step;
   stats.asynchronous = d.options.asynchronous;
   if (d.worker.joinable()) {
-    d.log(concat("save of step ", spec.step, " waits for the save of step ",
-                 d.last_commit ? d.last_commit->generation.step : spec.step, " still in flight"));
+    d.log(concat("save of step ", spec.step, " waits for the save of step ", d.failed_step, " still in flight"));
   }
   d.rethrow(d.join());
   stats.waited_seconds = seconds_since(start);

@@ -178,10 +178,26 @@ class PosixFileSystem final : public FileSystem {
  public:
   std::unique_ptr<Directory> open_directory(const std::filesystem::path& path, bool create) override {
     if (create) {
-      std::error_code error;
-      std::filesystem::create_directories(path, error);
-      if (error && !std::filesystem::is_directory(path)) {
-        throw Error(ErrorCode::io_open_failed, "cannot create directory: " + error.message()).with_path(path.string());
+      // Create missing components one by one, fsyncing each parent, so that
+      // a new run directory survives a crash together with what is
+      // published in it.
+      std::vector<std::filesystem::path> missing;
+      for (auto p = path; !p.empty() && !std::filesystem::exists(std::filesystem::symlink_status(p)); p = p.parent_path()) {
+        missing.push_back(p);
+        if (p == p.parent_path()) break;
+      }
+      for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+        if (::mkdir(it->c_str(), 0755) != 0 && errno != EEXIST) {
+          fail_errno(ErrorCode::io_open_failed, *it, "cannot create directory", errno);
+        }
+        const auto parent = it->has_parent_path() ? it->parent_path() : std::filesystem::path(".");
+        const int parent_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (parent_fd >= 0) {
+          const int synced = ::fsync(parent_fd);
+          const int error = errno;
+          ::close(parent_fd);
+          if (synced != 0) fail_errno(ErrorCode::io_sync_failed, parent, "fsync of the directory", error);
+        }
       }
     }
     const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "common/fail.h"
@@ -10,7 +11,16 @@
 namespace holdpoint::io {
 
 bool is_staging_name(std::string_view name) noexcept {
-  return name.size() > 1 && name.front() == '.' && name.find(kStagingMarker) != std::string_view::npos;
+  // Exactly what publish() creates: ".<target>.staging-<pid>-<random>".
+  const auto marker = name.rfind(kStagingMarker);
+  if (name.size() < 2 || name.front() != '.' || marker == std::string_view::npos || marker < 2) return false;
+  const std::string_view tail = name.substr(marker + kStagingMarker.size());
+  const auto dash = tail.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == tail.size()) return false;
+  const auto digits = [](std::string_view text) {
+    return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return digits(tail.substr(0, dash)) && digits(tail.substr(dash + 1));
 }
 
 PublishResult publish(Directory& directory, const std::string& target, const PublishOptions& options,

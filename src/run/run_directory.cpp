@@ -1,7 +1,13 @@
 #include "holdpoint/run_directory.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -22,6 +28,18 @@ using detail::fail;
 namespace {
 
 constexpr std::string_view kSidecarSuffix = ".sha256";
+constexpr std::string_view kDamagedSuffix = ".damaged";
+constexpr std::string_view kLockFile = ".holdpoint-lock";
+
+// Failures that say nothing about a file's content: it could not be read
+// here (I/O), it is beyond this build's limits, or a newer holdpoint wrote it.
+// Recovery stops on these instead of falling back past a good generation.
+bool unreadable_here(ErrorCode code) {
+  const std::string_view name = error_code_name(code);
+  if (code == ErrorCode::io_not_regular_file) return false;
+  return name.starts_with("io_") || name.ends_with("_limit") || name.ends_with("too_large") ||
+         code == ErrorCode::schema_version_unsupported;
+}
 constexpr std::uint64_t kMaxSmallFile = 64ull << 20;  // pointers, sidecars, index
 constexpr std::string_view kIndexSchema = "holdpoint.run-index";
 constexpr std::int64_t kIndexSchemaVersion = 1;
@@ -176,6 +194,7 @@ std::optional<double> GenerationInfo::metric(std::string_view metric_name) const
 
 bool RecoveryReport::clean() const noexcept {
   return removed_staging.empty() && removed_uncommitted.empty() && damaged.empty() && adopted.empty() &&
+         removed_orphan_sidecars.empty() &&
          dropped_from_index.empty() && !latest_problem && !best_problem && !index_problem;
 }
 
@@ -188,7 +207,10 @@ std::vector<std::string> RecoveryReport::lines() const {
     out.push_back(concat("generation ", check.name, " does not verify (",
                          check.code ? error_code_name(*check.code) : "unknown", "): ", check.detail));
   }
-  for (const auto& name : adopted) out.push_back(concat("adopted ", name, " (missing from index.json)"));
+  for (const auto& name : quarantined) out.push_back(concat(read_only ? "would move" : "moved", " a damaged generation aside as ", name));
+  for (const auto& name : previously_quarantined) out.push_back(concat("damaged generation kept aside from before: ", name));
+  for (const auto& name : removed_orphan_sidecars) out.push_back(concat(verb, " orphaned sidecar ", name));
+  for (const auto& name : adopted) out.push_back(concat("adopted ", name, " (missing from index.json; verified)"));
   for (const auto& name : dropped_from_index) out.push_back(concat("index.json listed ", name, ", which is not on disk"));
   if (index_problem) out.push_back(concat("index.json: ", *index_problem));
   if (latest_problem) out.push_back(concat("LATEST: ", *latest_problem));
@@ -200,8 +222,9 @@ std::vector<std::string> RecoveryReport::lines() const {
   return out;
 }
 
-void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
-  const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner);
+void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
+                             const Limits& limits) {
+  const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, limits);
   const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
   if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
   Manifest::from_value(*manifest);
@@ -220,6 +243,8 @@ struct RunDirectory::Impl {
   std::optional<std::int64_t> best;
   RecoveryReport report;
   bool failed = false;
+  int lock_fd = -1;
+  std::set<std::string> pending_adoption;  // generation files not yet read (newer than LATEST's)
 
   void log(const std::string& line) const {
     if (options.log) options.log(line);
@@ -256,13 +281,24 @@ struct RunDirectory::Impl {
     io::publish_text(*root, std::string(which), pointer_text(g), publish_options(true));
   }
 
-  GenerationCheck check(const GenerationInfo& g) const {
+  void verify_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) const {
+    verify_generation_bytes(bytes, owner, options.limits);
+  }
+
+  // Full verification of a recorded generation: sidecar, size, SHA-256,
+  // bounded parse, manifest. Failures of the content come back as a failed
+  // check; failures to read it at all (I/O, limits, a newer schema) are
+  // thrown when `unreadable_throws`, so recovery never falls back over them.
+  GenerationCheck check(const GenerationInfo& g, bool unreadable_throws) const {
     GenerationCheck result;
     result.name = g.name;
     try {
       if (!checkpoints) fail(ErrorCode::run_generation_missing, "there is no checkpoints/ directory");
       const auto info = checkpoints->stat(g.name);
       if (!info) fail(ErrorCode::run_generation_missing, "checkpoints/", g.name, " is not on disk");
+      if (info->type != io::FileInfo::Type::regular) {
+        fail(ErrorCode::io_not_regular_file, "checkpoints/", g.name, " is not a regular file (never followed)");
+      }
       if (const auto sidecar = read_small(*checkpoints, sidecar_name(g.name))) {
         if (parse_sidecar(*sidecar, g.name) != g.sha256) {
           fail(ErrorCode::sha256_mismatch, "the sidecar's digest differs from the recorded one ", g.sha256.hex());
@@ -273,23 +309,100 @@ struct RunDirectory::Impl {
         fail(ErrorCode::file_changed_during_read, "checkpoints/", g.name, " holds ", snapshot.buffer->size(),
              " bytes; ", g.size, " were recorded");
       }
-      verify_generation_bytes(snapshot.buffer->bytes(), snapshot.buffer);
+      verify_bytes(snapshot.buffer->bytes(), snapshot.buffer);
       result.ok = true;
     } catch (const Error& error) {
+      if (unreadable_throws && unreadable_here(error.code())) {
+        throw Error(ErrorCode::run_generation_unreadable,
+                    concat("checkpoints/", g.name, " could not be checked (", error_code_name(error.code()), ": ",
+                           error.detail(), "); recovery stops instead of falling back past it"))
+            .with_path(error.path());
+      }
       result.code = error.code();
       result.detail = error.what();
     }
     return result;
   }
 
+  // A generation file the index does not list: read whole, digest computed,
+  // verified; its sidecar, if any, must agree.
+  GenerationCheck adopt(GenerationInfo& g) const {
+    GenerationCheck result;
+    result.name = g.name;
+    try {
+      std::optional<Sha256Digest> sidecar_digest;
+      if (const auto sidecar = read_small(*checkpoints, sidecar_name(g.name))) sidecar_digest = parse_sidecar(*sidecar, g.name);
+      const io::Snapshot snapshot = checkpoints->read(g.name, options.limits.max_file_bytes);
+      g.sha256 = snapshot.sha256;
+      g.size = snapshot.buffer->size();
+      if (sidecar_digest && *sidecar_digest != g.sha256) {
+        fail(ErrorCode::sha256_mismatch, "checkpoints/", g.name, " hashes to ", g.sha256.hex(), "; its sidecar says ",
+             sidecar_digest->hex());
+      }
+      verify_bytes(snapshot.buffer->bytes(), snapshot.buffer);
+      result.ok = true;
+    } catch (const Error& error) {
+      if (unreadable_here(error.code())) {
+        throw Error(ErrorCode::run_generation_unreadable,
+                    concat("checkpoints/", g.name, " could not be checked (", error_code_name(error.code()), ": ",
+                           error.detail(), ")"))
+            .with_path(error.path());
+      }
+      result.code = error.code();
+      result.detail = error.what();
+    }
+    return result;
+  }
+
+  // Moves a damaged generation (and its sidecar) aside under a name that is
+  // not a generation's, so nothing here deletes or re-adopts it.
+  void quarantine(const std::string& name) {
+    std::string aside = name + std::string(kDamagedSuffix);
+    for (int n = 2; checkpoints->stat(aside); ++n) aside = concat(name, kDamagedSuffix, "-", n);
+    report.quarantined.push_back(aside);
+    if (!options.recover) return;
+    checkpoints->rename(name, aside, false);
+    if (checkpoints->stat(sidecar_name(name))) checkpoints->rename(sidecar_name(name), aside + std::string(kSidecarSuffix), false);
+  }
+
+  void lock();
   void open();
   void recover_pointers(std::map<std::int64_t, GenerationInfo>& present, const std::map<std::string, GenerationInfo>& indexed);
+  ~Impl();
 };
+
+void RunDirectory::Impl::lock() {
+  // Two writers would remove each other's staging files and uncommitted
+  // generations; an advisory lock keeps them apart (POSIX file system only:
+  // the test double has no other processes).
+  if (options.file_system || !options.recover) return;
+  const auto lock_path = path / std::string(kLockFile);
+  lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (lock_fd < 0) {
+    throw Error(ErrorCode::io_open_failed, concat("cannot open the lock file: ", std::strerror(errno)))
+        .with_path(lock_path.string());
+  }
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(lock_fd);
+    lock_fd = -1;
+    if (error == EWOULDBLOCK) {
+      fail(ErrorCode::run_directory_locked, "another process has it open for writing (", kLockFile,
+           " is locked); open it read-only to inspect it");
+    }
+    throw Error(ErrorCode::io_open_failed, concat("cannot lock: ", std::strerror(error))).with_path(lock_path.string());
+  }
+}
+
+RunDirectory::Impl::~Impl() {
+  if (lock_fd >= 0) ::close(lock_fd);
+}
 
 void RunDirectory::Impl::open() {
   report.read_only = !options.recover;
   const bool mutate = options.recover;
   root = fs->open_directory(path, options.create && mutate);
+  lock();
 
   // Stale staging files (a crash between create and rename) go first.
   for (const auto& name : root->list()) {
@@ -300,6 +413,7 @@ void RunDirectory::Impl::open() {
   }
   std::map<std::int64_t, GenerationInfo> present;
   std::set<std::string> sidecars;
+  std::vector<std::string> not_regular;
   if (const auto info = root->stat(std::string(kCheckpointsDirectory))) {
     if (info->type != io::FileInfo::Type::directory) {
       fail(ErrorCode::run_directory_invalid, "checkpoints is not a directory (a symlink or a file)");
@@ -312,7 +426,7 @@ void RunDirectory::Impl::open() {
       } else if (const auto step = parse_generation_name(name)) {
         const auto stat = checkpoints->stat(name);
         if (!stat || stat->type != io::FileInfo::Type::regular) {
-          report.damaged.push_back({name, false, ErrorCode::io_not_regular_file, "not a regular file (never followed)"});
+          not_regular.push_back(name);
           continue;
         }
         GenerationInfo g;
@@ -320,12 +434,26 @@ void RunDirectory::Impl::open() {
         g.step = *step;
         g.size = stat->size;
         present.emplace(*step, std::move(g));
-      } else if (name.ends_with(kSidecarSuffix)) {
+      } else if (name.ends_with(kSidecarSuffix) && parse_generation_name(name.substr(0, name.size() - kSidecarSuffix.size()))) {
         sidecars.insert(name);
+      } else if (name.find(kDamagedSuffix) != std::string::npos && parse_generation_name(name.substr(0, name.find(kDamagedSuffix)))) {
+        if (!name.ends_with(kSidecarSuffix)) report.previously_quarantined.push_back(name);
       }
     }
-    if (mutate) {
-      if (!report.removed_staging.empty()) checkpoints->sync();
+    for (const auto& name : not_regular) {
+      report.damaged.push_back({name, false, ErrorCode::io_not_regular_file, "not a regular file (never followed)"});
+      quarantine(name);
+    }
+    // Sidecars whose generation is gone (a crash inside retention).
+    for (const auto& name : sidecars) {
+      const auto step = parse_generation_name(name.substr(0, name.size() - kSidecarSuffix.size()));
+      if (!present.count(*step) && std::find(not_regular.begin(), not_regular.end(), name.substr(0, name.size() - kSidecarSuffix.size())) == not_regular.end()) {
+        report.removed_orphan_sidecars.push_back(name);
+        if (mutate) checkpoints->unlink(name);
+      }
+    }
+    if (mutate && (!report.removed_staging.empty() || !report.removed_orphan_sidecars.empty() || !not_regular.empty())) {
+      checkpoints->sync();
     }
   }
   if (mutate && !report.removed_staging.empty()) root->sync();
@@ -339,36 +467,51 @@ void RunDirectory::Impl::open() {
       report.index_problem = "missing";
     }
   } catch (const Error& error) {
+    if (unreadable_here(error.code())) throw;
     report.index_problem = error.detail();
   }
-  for (auto& [step, g] : present) {
-    const auto it = indexed.find(g.name);
-    // Sidecar first: it sits beside the file and was written before the index.
-    std::optional<Sha256Digest> sidecar_digest;
-    if (sidecars.count(sidecar_name(g.name))) {
-      try {
-        sidecar_digest = parse_sidecar(*read_small(*checkpoints, sidecar_name(g.name)), g.name);
-      } catch (const Error&) {
-        // Verification reports a bad sidecar when the generation is checked.
-      }
+  // Files newer than the generation LATEST names are removed unread if LATEST
+  // verifies; they are adopted only if recovery has to fall back to them.
+  std::optional<std::int64_t> pointer_step;
+  try {
+    if (const auto text = read_small(*root, std::string(kLatestPointer))) {
+      pointer_step = parse_generation_name(parse_pointer(*text, kLatestPointer).first);
     }
+  } catch (const Error&) {
+    // recover_pointers reports it.
+  }
+  std::vector<std::string> bad;
+  for (auto& [step, g] : present) {
+    if (pointer_step && step > *pointer_step && !indexed.count(g.name)) {
+      pending_adoption.insert(g.name);
+      continue;
+    }
+    const auto it = indexed.find(g.name);
     if (it != indexed.end()) {
       const std::uint64_t size = g.size;
       g = it->second;
       if (size != g.size) {
         report.damaged.push_back({g.name, false, ErrorCode::file_changed_during_read,
                                   concat("holds ", size, " bytes; index.json records ", g.size)});
+        bad.push_back(g.name);
       }
-    } else {
-      if (sidecar_digest) g.sha256 = *sidecar_digest;
+      continue;
+    }
+    // Not in the index: read, hash and verify it before adopting it.
+    GenerationCheck check = adopt(g);
+    if (check.ok) {
       report.adopted.push_back(g.name);
+    } else {
+      report.damaged.push_back(std::move(check));
+      bad.push_back(g.name);
     }
   }
   for (const auto& [name, g] : indexed) {
     if (!present.count(g.step)) report.dropped_from_index.push_back(name);
   }
-  for (const auto& check : report.damaged) {
-    if (const auto step = parse_generation_name(check.name)) present.erase(*step);
+  for (const auto& name : bad) {
+    present.erase(*parse_generation_name(name));
+    quarantine(name);
   }
   recover_pointers(present, indexed);
 }
@@ -385,8 +528,15 @@ void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>
       report.latest_problem = "missing";
     }
   } catch (const Error& error) {
-    report.latest_problem = error.detail();
+    if (unreadable_here(error.code()) && error.code() != ErrorCode::io_open_failed) throw;
+    report.latest_problem = error.detail();  // a symlink (ELOOP) is a malformed pointer, not an I/O failure
   }
+  const auto quarantine_failed = [&](std::map<std::int64_t, GenerationInfo>::iterator it, GenerationCheck check) {
+    report.damaged.push_back(std::move(check));
+    const std::string name = it->second.name;
+    present.erase(it);
+    quarantine(name);
+  };
   if (pointer) {
     const auto step = *parse_generation_name(pointer->first);
     const auto it = present.find(step);
@@ -394,20 +544,16 @@ void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>
       report.latest_problem = concat("names ", pointer->first, ", which is not on disk");
     } else {
       GenerationInfo& g = it->second;
-      if (g.sha256 != pointer->second) {
-        // An adopted file has only its sidecar's digest; the pointer's is the commit record.
-        if (!indexed.count(g.name)) g.sha256 = pointer->second;
-      }
       GenerationCheck check = g.sha256 == pointer->second
-                                  ? this->check(g)
+                                  ? this->check(g, true)
                                   : GenerationCheck{g.name, false, ErrorCode::sha256_mismatch,
-                                                    "LATEST's digest differs from index.json's"};
+                                                    concat("LATEST records ", pointer->second.hex(), "; the file's "
+                                                           "recorded digest is ", g.sha256.hex())};
       if (check.ok) {
         latest = step;
       } else {
         report.latest_problem = concat("names ", g.name, ", which does not verify");
-        report.damaged.push_back(std::move(check));
-        present.erase(it);
+        quarantine_failed(it, std::move(check));
       }
     }
   }
@@ -422,24 +568,44 @@ void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>
       std::erase(report.adopted, it->second.name);
       it = present.erase(it);
     }
-    if (mutate && !report.removed_uncommitted.empty()) checkpoints->sync();
   } else {
     // No usable LATEST: the newest generation that verifies becomes it.
-    for (auto it = present.rbegin(); it != present.rend();) {
-      GenerationCheck check = this->check(it->second);
+    while (!present.empty()) {
+      auto it = std::prev(present.end());
+      const bool unadopted = pending_adoption.erase(it->second.name) > 0;
+      GenerationCheck check = unadopted ? adopt(it->second) : this->check(it->second, true);
+      if (unadopted && check.ok) report.adopted.push_back(it->second.name);
       if (check.ok) {
         latest = it->first;
         break;
       }
-      report.damaged.push_back(std::move(check));
-      it = std::make_reverse_iterator(present.erase(std::next(it).base()));
+      quarantine_failed(it, std::move(check));
     }
     if (latest) report.latest_rewritten = true;
+    // Older files that were left unread when LATEST looked usable.
+    for (auto it = present.begin(); it != present.end();) {
+      if (!pending_adoption.erase(it->second.name)) {
+        ++it;
+        continue;
+      }
+      GenerationCheck check = adopt(it->second);
+      if (check.ok) {
+        report.adopted.push_back(it->second.name);
+        ++it;
+      } else {
+        const auto next = std::next(it);
+        quarantine_failed(it, std::move(check));
+        it = next;
+      }
+    }
+  }
+  if (mutate && checkpoints && (!report.removed_uncommitted.empty() || !report.quarantined.empty())) {
+    checkpoints->sync();
   }
   committed = std::move(present);
-  report.index_rewritten = !committed.empty() && (report.index_problem || !report.adopted.empty() ||
-                                                  !report.dropped_from_index.empty() ||
-                                                  !report.removed_uncommitted.empty() || !report.damaged.empty());
+  report.index_rewritten = (report.index_problem && !committed.empty()) || !report.adopted.empty() ||
+                           !report.dropped_from_index.empty() || !report.removed_uncommitted.empty() ||
+                           !report.damaged.empty();
   if (latest) report.latest = committed.at(*latest).name;
 
   // BEST: must name a committed generation with the same digest.
@@ -456,6 +622,7 @@ void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>
       }
     }
   } catch (const Error& error) {
+    if (unreadable_here(error.code()) && error.code() != ErrorCode::io_open_failed) throw;
     report.best_problem = error.detail();
   }
   if (options.best_metric) {
@@ -577,7 +744,10 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     generation_options.durable = d.options.durable;
     generation_options.max_bytes = d.options.limits.max_file_bytes;
     const auto published_file =
-        io::publish(dir, g.name, generation_options, write, verify ? verify : Verifier(verify_generation_bytes));
+        io::publish(dir, g.name, generation_options, write,
+                    verify ? verify : Verifier([&d](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+                      d.verify_bytes(bytes, owner);
+                    }));
     published = true;
     g.size = published_file.size;
     g.sha256 = published_file.sha256;
@@ -585,20 +755,34 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     auto next = d.committed;
     next.emplace(g.step, g);
     io::publish_text(*d.root, std::string(kRunIndex), index_json(next).dump(1) + "\n", d.publish_options(true));
-    // The commit point. If this fails after its rename (the directory fsync),
-    // LATEST may already name the new generation, so from here on nothing is
-    // rolled back: the next open decides, from what is durable.
-    published = false;
-    d.write_pointer(kLatestPointer, g);
+    // The commit point. If LATEST's publish fails after its rename (the
+    // directory fsync), LATEST already names the new generation: it counts
+    // as committed here, and the next open decides from what is durable.
+    try {
+      d.write_pointer(kLatestPointer, g);
+    } catch (const Error&) {
+      std::optional<std::string> now;
+      try {
+        now = d.read_small(*d.root, std::string(kLatestPointer));
+      } catch (const Error&) {
+      }
+      if (now != pointer_text(g)) throw;  // LATEST did not move: roll back below
+      latest_moved = true;
+      d.committed = std::move(next);
+      d.latest = g.step;
+      d.report.latest = g.name;
+      throw;
+    }
     latest_moved = true;
     d.committed = std::move(next);
     d.latest = g.step;
     d.report.latest = g.name;
 
     if (d.options.best_metric) {
-      const auto value = g.metric(d.options.best_metric->name);
-      if (value && std::isfinite(*value) &&
-          (!d.best || better(*value, *d.committed.at(*d.best).metric(d.options.best_metric->name), *d.options.best_metric))) {
+      const auto& metric = *d.options.best_metric;
+      const auto value = g.metric(metric.name);
+      const auto incumbent = d.best ? d.committed.at(*d.best).metric(metric.name) : std::nullopt;
+      if (value && std::isfinite(*value) && (!incumbent || better(*value, *incumbent, metric))) {
         d.write_pointer(kBestPointer, g);
         d.best = g.step;
         result.became_best = true;
@@ -607,7 +791,8 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
   } catch (const Error& error) {
     d.failed = true;
     if (!latest_moved && published) {
-      // Roll back the uncommitted file (recovery would remove it anyway).
+      // Roll back the uncommitted file, so it is never mistaken for a
+      // committed one (recovery would remove it anyway).
       try {
         io::Directory& dir = d.checkpoints_dir();
         if (dir.stat(sidecar_name(g.name))) dir.unlink(sidecar_name(g.name));
@@ -616,7 +801,7 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
       }
     }
     if (latest_moved) {
-      throw Error(error.code(), concat(d.path.string(), ": ", g.name, " is committed (LATEST moved), but a later step failed: ",
+      throw Error(error.code(), concat(d.path.string(), ": ", g.name, " is committed (LATEST names it), but a later step failed: ",
                                        error.detail()))
           .with_path(error.path());
     }
@@ -624,7 +809,14 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
   }
   // A commit that verified and moved LATEST clears an earlier failure.
   d.failed = false;
-  if (d.options.retention.enabled()) result.deleted = collect_garbage(d.options.retention);
+  if (d.options.retention.enabled()) {
+    try {
+      result.deleted = collect_garbage(d.options.retention);
+    } catch (const Error& error) {
+      throw Error(error.code(), concat(g.name, " is committed (LATEST names it), but retention failed: ", error.detail()))
+          .with_path(error.path());
+    }
+  }
   return result;
 }
 
@@ -641,11 +833,11 @@ LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
   }
 }
 
-GenerationCheck RunDirectory::verify(const GenerationInfo& generation) const { return impl_->check(generation); }
+GenerationCheck RunDirectory::verify(const GenerationInfo& generation) const { return impl_->check(generation, false); }
 
 std::vector<GenerationCheck> RunDirectory::verify_all() const {
   std::vector<GenerationCheck> out;
-  for (const auto& [step, g] : impl_->committed) out.push_back(impl_->check(g));
+  for (const auto& [step, g] : impl_->committed) out.push_back(impl_->check(g, false));
   return out;
 }
 

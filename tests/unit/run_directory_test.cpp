@@ -139,8 +139,10 @@ TEST(RunDirectoryLayout, CommitWritesGenerationSidecarIndexAndPointers) {
   }
   EXPECT_EQ(names.size(), 6u);
 
-  // Reopening finds the same run and nothing to recover.
-  RunDirectory reopened(run_path, with_best());
+  // A second writer is locked out while this one is open.
+  EXPECT_ERROR_CODE(RunDirectory(run_path, {}), ErrorCode::run_directory_locked);
+  // Reopening read-only finds the same run and nothing to recover.
+  RunDirectory reopened(run_path, with_best(RunDirectoryOptions{.recover = false}));
   EXPECT_TRUE(reopened.recovery().clean()) << ::testing::PrintToString(reopened.recovery().lines());
   EXPECT_EQ(reopened.latest()->sha256, g.sha256);
   EXPECT_EQ(reopened.best()->step, 2);
@@ -155,7 +157,7 @@ TEST(RunDirectoryLayout, ReopenedRunKeepsCommitting) {
   RunDirectory run(tmp / "run");
   run.commit(spec(8), writer_for(8));
   EXPECT_EQ(run.latest()->step, 8);
-  EXPECT_EQ(RunDirectory(tmp / "run").generations().size(), 2u);
+  EXPECT_EQ(RunDirectory(tmp / "run", {.recover = false}).generations().size(), 2u);
 }
 
 TEST(RunDirectoryCommit, AStepAlreadyCommittedIsRefused) {
@@ -189,7 +191,7 @@ TEST(RunDirectoryCommit, BytesThatDoNotVerifyAreNeverPublished) {
     format::write_pt(sink, Value::dict(std::move(root)));
   };
   EXPECT_ERROR_CODE(run.commit(spec(2), no_manifest), ErrorCode::schema_field_missing);
-  EXPECT_EQ(RunDirectory(tmp / "run").latest()->step, 1);
+  EXPECT_EQ(RunDirectory(tmp / "run", {.recover = false}).latest()->step, 1);
 }
 
 TEST(RunDirectoryCommit, TheWriterSeesTheFailureAndNothingMoves) {
@@ -264,11 +266,13 @@ TEST_F(RunRecovery, GenerationsNewerThanLatestAreUncommittedAndRemoved) {
 
 TEST_F(RunRecovery, MalformedLatestFallsBackToTheNewestGenerationThatVerifies) {
   write_text(path() / "LATEST", "garbage");
-  RunDirectory run(path(), with_best());
-  ASSERT_TRUE(run.recovery().latest_problem);
-  EXPECT_TRUE(run.recovery().latest_rewritten);
-  EXPECT_EQ(run.latest()->step, 3);
-  EXPECT_EQ(read_text(path() / "LATEST"), "step-00000003.pt " + run.latest()->sha256.hex() + "\n");
+  {
+    RunDirectory run(path(), with_best());
+    ASSERT_TRUE(run.recovery().latest_problem);
+    EXPECT_TRUE(run.recovery().latest_rewritten);
+    EXPECT_EQ(run.latest()->step, 3);
+    EXPECT_EQ(read_text(path() / "LATEST"), "step-00000003.pt " + run.latest()->sha256.hex() + "\n");
+  }
   EXPECT_TRUE(RunDirectory(path(), with_best()).recovery().clean());
 }
 
@@ -285,21 +289,69 @@ TEST_F(RunRecovery, CorruptLatestTargetFallsBackToThePreviousGenerationAndIsKept
     file.seekp(100);
     file.put('\x7f');
   }
-  RunDirectory run(path(), with_best());
-  ASSERT_EQ(run.recovery().damaged.size(), 1u);
-  EXPECT_EQ(run.recovery().damaged[0].name, "step-00000003.pt");
-  EXPECT_EQ(run.recovery().damaged[0].code, ErrorCode::sha256_mismatch);
-  EXPECT_EQ(run.latest()->step, 2);
-  EXPECT_TRUE(std::filesystem::exists(gen(3))) << "evidence is never deleted by recovery";
-  EXPECT_EQ(read_text(path() / "LATEST").substr(0, 17), "step-00000002.pt ");
+  {
+    RunDirectory run(path(), with_best());
+    ASSERT_EQ(run.recovery().damaged.size(), 1u);
+    EXPECT_EQ(run.recovery().damaged[0].name, "step-00000003.pt");
+    EXPECT_EQ(run.recovery().damaged[0].code, ErrorCode::sha256_mismatch);
+    EXPECT_EQ(run.recovery().quarantined, std::vector<std::string>{"step-00000003.pt.damaged"});
+    EXPECT_EQ(run.latest()->step, 2);
+    EXPECT_FALSE(std::filesystem::exists(gen(3)));
+    EXPECT_TRUE(std::filesystem::exists(path() / "checkpoints" / "step-00000003.pt.damaged"))
+        << "evidence is moved aside, never deleted";
+    EXPECT_TRUE(std::filesystem::exists(path() / "checkpoints" / "step-00000003.pt.damaged.sha256"));
+    EXPECT_EQ(read_text(path() / "LATEST").substr(0, 17), "step-00000002.pt ");
+  }
+  // The next open does not take the moved file for a generation, uncommitted or otherwise.
+  RunDirectory again(path(), with_best());
+  EXPECT_EQ(again.recovery().previously_quarantined, std::vector<std::string>{"step-00000003.pt.damaged"});
+  EXPECT_TRUE(again.recovery().removed_uncommitted.empty());
+  EXPECT_TRUE(std::filesystem::exists(path() / "checkpoints" / "step-00000003.pt.damaged"));
+  again.commit(spec(3, 0.2), writer_for(3));
+  EXPECT_EQ(again.latest()->step, 3);
 }
 
 TEST_F(RunRecovery, EveryGenerationDamagedMeansNoLatest) {
   for (std::int64_t step : {1, 2, 3}) write_text(gen(step), "PK\x05\x06 truncated");
+  {
+    RunDirectory run(path(), with_best());
+    EXPECT_FALSE(run.latest());
+    EXPECT_EQ(run.recovery().damaged.size(), 3u);
+    EXPECT_EQ(run.recovery().quarantined.size(), 3u);
+    EXPECT_TRUE(run.generations().empty());
+  }
+  RunDirectory again(path(), with_best());
+  EXPECT_EQ(again.recovery().previously_quarantined.size(), 3u) << "the evidence stays visible";
+}
+
+TEST_F(RunRecovery, AGenerationBeyondTheLimitsStopsRecoveryInsteadOfFallingBack) {
+  RunDirectoryOptions options = with_best();
+  options.limits.max_file_bytes = 100;  // every generation is larger
+  EXPECT_ERROR_CODE(RunDirectory(path(), options), ErrorCode::run_generation_unreadable);
+  // Nothing was moved or rewritten.
+  EXPECT_TRUE(std::filesystem::exists(gen(3)));
   RunDirectory run(path(), with_best());
-  EXPECT_FALSE(run.latest());
-  EXPECT_EQ(run.recovery().damaged.size(), 3u);
-  EXPECT_TRUE(run.generations().empty());
+  EXPECT_TRUE(run.recovery().clean());
+  EXPECT_EQ(run.latest()->step, 3);
+}
+
+TEST_F(RunRecovery, UncommittedLeftoversAreRemovedUnreadAndAdoptedOnlyOnFallback) {
+  std::filesystem::copy_file(gen(3), gen(5));
+  write_text(path() / "LATEST", "nonsense");
+  std::filesystem::remove(path() / "index.json");
+  RunDirectory run(path(), with_best());
+  EXPECT_EQ(run.latest()->step, 5) << "without a usable LATEST the newest verifying file is it";
+  EXPECT_EQ(run.recovery().adopted.size(), 4u);
+  for (const auto& g : run.generations()) EXPECT_TRUE(run.verify(g).ok) << g.name;
+}
+
+TEST(RunDirectoryStaging, OnlyNamesPublishCreatesAreStagingNames) {
+  EXPECT_TRUE(io::is_staging_name(".step-00000001.pt.staging-12-345"));
+  EXPECT_TRUE(io::is_staging_name(".LATEST.staging-1-2"));
+  for (const char* name : {".staging-1-2", "LATEST.staging-1-2", ".x.staging-", ".x.staging-1", ".x.staging-1-",
+                           ".x.staging-a-2", ".my.staging-notes", ".bashrc"}) {
+    EXPECT_FALSE(io::is_staging_name(name)) << name;
+  }
 }
 
 TEST_F(RunRecovery, MissingIndexIsRebuiltFromTheFilesAndSidecars) {
@@ -317,10 +369,12 @@ TEST_F(RunRecovery, MissingIndexIsRebuiltFromTheFilesAndSidecars) {
 
 TEST_F(RunRecovery, MalformedIndexIsReportedAndRebuilt) {
   write_text(path() / "index.json", R"({"schema": "holdpoint.run-index", "schema_version": 1, "generations": [{"name": 3}]})");
-  RunDirectory run(path(), with_best());
-  ASSERT_TRUE(run.recovery().index_problem);
-  EXPECT_NE(run.recovery().index_problem->find("generations[0].name"), std::string::npos);
-  EXPECT_EQ(run.generations().size(), 3u);
+  {
+    RunDirectory run(path(), with_best());
+    ASSERT_TRUE(run.recovery().index_problem);
+    EXPECT_NE(run.recovery().index_problem->find("generations[0].name"), std::string::npos);
+    EXPECT_EQ(run.generations().size(), 3u);
+  }
   EXPECT_TRUE(RunDirectory(path(), with_best()).recovery().clean());
 }
 
@@ -376,11 +430,11 @@ TEST(RunDirectorySymlinks, ASymlinkAtTheGenerationNameIsNeitherFollowedNorReplac
   EXPECT_ERROR_CODE(run.commit(spec(2), writer_for(2)), ErrorCode::io_not_regular_file);
   EXPECT_EQ(read_text(tmp / "victim"), "precious");
   EXPECT_TRUE(std::filesystem::is_symlink(tmp / "run" / "checkpoints" / "step-00000002.pt"));
-  // Recovery reports it as damaged and does not read through it.
-  RunDirectory reopened(tmp / "run");
-  ASSERT_EQ(reopened.recovery().damaged.size(), 1u);
-  EXPECT_EQ(reopened.recovery().damaged[0].code, ErrorCode::io_not_regular_file);
-  EXPECT_EQ(reopened.latest()->step, 1);
+  // Recovery reports it as damaged, moves the link itself aside and does not read through it.
+  RunDirectory inspected(tmp / "run", {.recover = false});
+  ASSERT_EQ(inspected.recovery().damaged.size(), 1u);
+  EXPECT_EQ(inspected.recovery().damaged[0].code, ErrorCode::io_not_regular_file);
+  EXPECT_EQ(inspected.latest()->step, 1);
   EXPECT_EQ(read_text(tmp / "victim"), "precious");
 }
 
@@ -423,7 +477,7 @@ TEST(RunRetention, KeepLastEveryAndBestCombine) {
     EXPECT_FALSE(std::filesystem::exists(tmp / "run" / "checkpoints" / name));
     EXPECT_FALSE(std::filesystem::exists(tmp / "run" / "checkpoints" / (name + ".sha256")));
   }
-  RunDirectory reopened(tmp / "run", with_best());
+  RunDirectory reopened(tmp / "run", with_best(RunDirectoryOptions{.recover = false}));
   EXPECT_TRUE(reopened.recovery().clean());
   EXPECT_EQ(steps_of(reopened.generations()), (std::vector<std::int64_t>{3, 4, 7, 8, 9, 10}));
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "holdpoint/error.h"
 
@@ -23,13 +24,19 @@ void add_verify_command(CLI::App& app, int& exit_code);
 void add_convert_command(CLI::App& app, int& exit_code);
 void add_codes_command(CLI::App& app, int& exit_code);
 void add_doctor_command(CLI::App& app, int& exit_code);
+// The run-directory commands (docs/cli.md). `verify` also takes a run directory.
+void add_ls_command(CLI::App& app, int& exit_code);
+void add_gc_command(CLI::App& app, int& exit_code);
+// `command_line` is recorded in the export's recovery proof.
+void add_export_command(CLI::App& app, int& exit_code, std::vector<std::string> command_line);
 
 // Prints "reading FILE: 37% (...)" on stderr for files of 256 MiB and more,
 // when stderr is a terminal; an empty function otherwise.
 std::function<void(std::uint64_t, std::uint64_t)> terminal_progress(const std::string& label);
 
 // 2 for errors about the environment (files that cannot be opened, bad
-// arguments), 1 for everything that says the file itself is invalid.
+// arguments, an export destination in use), 1 for everything that says the
+// file itself is invalid.
 int exit_code_for(ErrorCode code);
 
 }  // namespace holdpoint::cli

@@ -11,7 +11,8 @@ int exit_code_for(ErrorCode code) {
     case ErrorCode::io_sync_failed:
     case ErrorCode::io_rename_failed:
     case ErrorCode::io_not_regular_file:
-    case ErrorCode::sha256_invalid: return kExitUsage;
+    case ErrorCode::sha256_invalid:
+    case ErrorCode::export_destination_invalid: return kExitUsage;
     default: return kExitInvalid;
   }
 }

@@ -1,5 +1,8 @@
-// holdpoint: inspect, verify and convert checkpoint files without executing them.
+// holdpoint: inspect, verify and convert checkpoint files without executing them,
+// and list, verify, prune and export run directories.
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "holdpoint_version.h"
@@ -14,6 +17,9 @@ int main(int argc, char** argv) {
   holdpoint::cli::add_convert_command(app, exit_code);
   holdpoint::cli::add_codes_command(app, exit_code);
   holdpoint::cli::add_doctor_command(app, exit_code);
+  holdpoint::cli::add_ls_command(app, exit_code);
+  holdpoint::cli::add_gc_command(app, exit_code);
+  holdpoint::cli::add_export_command(app, exit_code, std::vector<std::string>(argv, argv + argc));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -1,9 +1,11 @@
+#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "holdpoint/checkpoint_mapping.h"
+#include "run_directory_output.h"
 
 namespace holdpoint::cli {
 
@@ -16,7 +18,29 @@ struct VerifyArguments {
   bool json = false;
 };
 
+// A directory holding LATEST, index.json or checkpoints/ is a run directory
+// (through a symlink too, which opening it then refuses); any other directory
+// is refused as before, as not a regular file.
+bool is_run_directory(const std::filesystem::path& path) {
+  std::error_code ignored;
+  if (!std::filesystem::is_directory(path, ignored)) return false;
+  for (const std::string_view name : {kLatestPointer, kRunIndex, kCheckpointsDirectory}) {
+    if (std::filesystem::symlink_status(path / name, ignored).type() != std::filesystem::file_type::not_found) {
+      return true;
+    }
+  }
+  return false;
+}
+
 int run_verify(const VerifyArguments& args) {
+  if (is_run_directory(args.file)) {
+    if (!args.sha256.empty() || args.sidecar) {
+      std::cerr << "error: invalid_argument: --sha256 and --sidecar check one file; " << args.file
+                << " is a directory (its generations are checked against their own records)\n";
+      return kExitUsage;
+    }
+    return verify_run_directory(args.file, args.json);
+  }
   nlohmann::ordered_json report;
   report["file"] = args.file;
   try {
@@ -56,8 +80,10 @@ int run_verify(const VerifyArguments& args) {
 void add_verify_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<VerifyArguments>();
   CLI::App* command = app.add_subcommand(
-      "verify", "Check that FILE is a well-formed checkpoint (exit 0 valid, 1 invalid, 2 usage/IO error)");
-  command->add_option("file", args->file, "a .pt or .safetensors file")->required();
+      "verify",
+      "Check that FILE is a well-formed checkpoint, or that every generation of the run directory RUN verifies "
+      "(exit 0 valid, 1 invalid, 2 usage/IO error)");
+  command->add_option("file", args->file, "a .pt or .safetensors file, or a run directory")->required();
   auto* sha = command->add_option("--sha256", args->sha256, "expected SHA-256 (64 hex digits) from a trusted source");
   auto* sidecar = command->add_flag("--sidecar", args->sidecar, "check FILE against FILE.sha256 (sha256sum format)");
   sha->excludes(sidecar);

@@ -1,0 +1,505 @@
+// holdpoint export RUN DEST: a self-contained, verified copy of generations of
+// a run directory, with instructions for loading it and a recovery proof.
+//
+// Order of work, and why:
+//   1. DEST must not exist or be an empty directory: an export never mixes
+//      with, or overwrites, anything.
+//   2. RUN is opened read-only; the selected generations must verify there
+//      (LATEST verified on opening, every copy read against its recorded
+//      SHA-256), so an export never launders a damaged file.
+//   3. Every file is written into DEST through io::publish (staged, fsynced,
+//      re-read, checkpoints parsed by the restricted reader, renamed without
+//      replacing, directory fsynced), in the run directory's commit order:
+//      generations and sidecars, index.json, BEST, then LATEST.
+//   4. Checks at DEST: each copy re-read for size and SHA-256 against the
+//      source; DEST opened as a run directory with recover = false must need
+//      no recovery, with the expected LATEST/BEST; LATEST loaded back through
+//      RunDirectory::load and its manifest read.
+//   5. LOADING.md, then RECOVERY-PROOF.json last: an export without
+//      RECOVERY-PROOF.json did not finish and should be deleted.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "holdpoint/manifest.h"
+#include "holdpoint_version.h"
+#include "io/file_system.h"
+#include "io/publish.h"
+#include "run_directory_output.h"
+
+namespace holdpoint::cli {
+
+namespace {
+
+constexpr std::string_view kLoadingFile = "LOADING.md";
+constexpr std::string_view kProofFile = "RECOVERY-PROOF.json";
+constexpr std::string_view kProofSchema = "holdpoint.export-proof";
+constexpr std::int64_t kProofSchemaVersion = 1;
+constexpr std::uint64_t kCopyChunk = std::uint64_t{64} << 20;
+
+enum class Selection { latest, best, all };
+
+std::string_view selection_name(Selection selection) {
+  switch (selection) {
+    case Selection::latest: return "latest";
+    case Selection::best: return "best";
+    case Selection::all: return "all";
+  }
+  return "latest";
+}
+
+struct ExportArguments {
+  std::string run;
+  std::string destination;
+  bool latest = false;
+  bool best = false;
+  bool all = false;
+  bool json = false;
+  std::vector<std::string> command_line;
+};
+
+// Carries an error out of the export with the exit code's usual meaning.
+[[noreturn]] void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
+
+void require_empty_destination(const std::filesystem::path& destination) {
+  std::error_code error;
+  const auto status = std::filesystem::symlink_status(destination, error);
+  if (error && error != std::errc::no_such_file_or_directory) {
+    fail(ErrorCode::io_open_failed, destination.string() + ": " + error.message());
+  }
+  if (status.type() == std::filesystem::file_type::not_found) return;
+  if (status.type() != std::filesystem::file_type::directory) {
+    fail(ErrorCode::export_destination_invalid,
+         destination.string() + " exists and is not a directory (symlinks are not followed)");
+  }
+  if (std::filesystem::directory_iterator(destination, error) != std::filesystem::directory_iterator() || error) {
+    fail(ErrorCode::export_destination_invalid,
+         destination.string() + " is not an empty directory; export writes only into a new or empty one");
+  }
+}
+
+struct ProofCheck {
+  std::string check;
+  std::string subject;
+  std::string detail;
+};
+
+class Exporter {
+ public:
+  Exporter(const ExportArguments& args, Selection selection) : args_(args), selection_(selection) {}
+
+  // Whether RUN failed to open (exit code 2, as for every run-directory command).
+  bool source_unopened() const noexcept { return source_unopened_; }
+  // Whether anything may have been written into DEST.
+  bool destination_touched() const noexcept { return destination_touched_; }
+
+  nlohmann::ordered_json run() {
+    require_empty_destination(args_.destination);
+    const auto source = open_source();
+    select(*source);
+    copy(*source);
+    verify_destination();
+    const auto proof = proof_json();
+    io::PublishOptions options;
+    options.replace = false;
+    io::publish_text(*destination_root_, std::string(kLoadingFile), loading_text(), options);
+    io::publish_text(*destination_root_, std::string(kProofFile), proof.dump(2) + "\n", options);
+    return proof;
+  }
+
+ private:
+  std::unique_ptr<RunDirectory> open_source() {
+    RunDirectoryOptions options;
+    options.create = false;
+    options.recover = false;  // exporting never changes the source
+    try {
+      return std::make_unique<RunDirectory>(args_.run, options);
+    } catch (const Error&) {
+      source_unopened_ = true;
+      throw;
+    }
+  }
+
+  void require_verified_latest(const RunDirectory& source) {
+    const RecoveryReport& report = source.recovery();
+    if (report.latest_problem || !source.latest()) {
+      std::string findings;
+      for (const auto& line : report.lines()) findings += "\n  " + line;
+      fail(ErrorCode::run_pointer_invalid,
+           args_.run + ": LATEST: " + report.latest_problem.value_or("the run has no generation") +
+               "; export copies only a verified LATEST (holdpoint ls " + args_.run +
+               " shows what recovery would do):" + findings);
+    }
+  }
+
+  void select(const RunDirectory& source) {
+    const RecoveryReport& report = source.recovery();
+    source_latest_ = report.latest_problem ? std::nullopt : source.latest();
+    source_best_ = report.best_problem ? std::nullopt : source.best();
+    switch (selection_) {
+      case Selection::latest:
+        require_verified_latest(source);
+        selected_ = {*source_latest_};
+        break;
+      case Selection::all:
+        require_verified_latest(source);
+        selected_ = source.generations();
+        // Generations found damaged on opening are not committed; the proof lists them.
+        skipped_ = report.damaged;
+        break;
+      case Selection::best:
+        if (!source_best_) {
+          fail(ErrorCode::run_pointer_invalid,
+               args_.run + ": BEST: " + report.best_problem.value_or("the run has no BEST pointer"));
+        }
+        selected_ = {*source_best_};
+        break;
+    }
+    // DEST's LATEST names its newest generation, so DEST opens without recovery
+    // (for --best, that is the BEST generation); BEST is kept when exported.
+    latest_ = selected_.back();
+    if (source_best_) {
+      for (const auto& g : selected_) {
+        if (g.name == source_best_->name) best_ = g;
+      }
+    }
+  }
+
+  void copy(const RunDirectory& source) {
+    io::FileSystem& fs = io::posix_file_system();
+    const auto source_checkpoints =
+        fs.open_directory(args_.run, false)->open_subdirectory(std::string(kCheckpointsDirectory), false);
+    destination_touched_ = true;
+    destination_root_ = fs.open_directory(args_.destination, true);
+    destination_checkpoints_ = destination_root_->open_subdirectory(std::string(kCheckpointsDirectory), true);
+    const Limits limits = source.options().limits;
+
+    std::vector<GenerationInfo> copied;
+    for (const auto& g : selected_) {
+      try {
+        copy_generation(*source_checkpoints, g, limits);
+        copied.push_back(g);
+      } catch (const Error& error) {
+        // --all skips an older generation that does not verify (read-only
+        // opening checked only LATEST); I/O errors, and LATEST, stop the export.
+        if (selection_ != Selection::all || g.name == latest_.name || exit_code_for(error.code()) != kExitInvalid) {
+          throw;
+        }
+        skipped_.push_back({g.name, false, error.code(), error.what()});
+        if (best_ && best_->name == g.name) best_.reset();
+      }
+    }
+    selected_ = std::move(copied);
+
+    io::PublishOptions options;
+    options.replace = false;
+    io::publish_text(*destination_root_, std::string(kRunIndex), index_text(), options);
+    if (best_) io::publish_text(*destination_root_, std::string(kBestPointer), pointer_text(*best_), options);
+    // Last, as in a commit: LATEST is what makes DEST a run directory.
+    io::publish_text(*destination_root_, std::string(kLatestPointer), pointer_text(latest_), options);
+  }
+
+  void copy_generation(io::Directory& source_checkpoints, const GenerationInfo& g, const Limits& limits) {
+    const std::string source_label = args_.run + "/checkpoints/" + g.name;
+    const std::string destination_label = args_.destination + "/checkpoints/" + g.name;
+    // Read against the recorded digest: a copy of a damaged file is refused here.
+    const io::Snapshot snapshot =
+        source_checkpoints.read(g.name, limits.max_file_bytes, g.sha256, terminal_progress("reading " + source_label));
+    if (g.size != 0 && snapshot.buffer->size() != g.size) {
+      fail(ErrorCode::file_changed_during_read, source_label + " holds " + std::to_string(snapshot.buffer->size()) +
+                                                    " bytes; the run recorded " + std::to_string(g.size));
+    }
+    io::PublishOptions options;
+    options.replace = false;
+    options.max_bytes = limits.max_file_bytes;
+    const auto progress = terminal_progress("writing " + destination_label);
+    const auto bytes = snapshot.buffer->bytes();
+    const auto published = io::publish(
+        *destination_checkpoints_, g.name, options,
+        [&](io::ByteSink& sink) {
+          for (std::uint64_t done = 0; done < bytes.size();) {
+            const std::uint64_t chunk = std::min<std::uint64_t>(kCopyChunk, bytes.size() - done);
+            sink.write_stable(bytes.subspan(done, chunk));
+            done += chunk;
+            if (progress) progress(done, bytes.size());
+          }
+        },
+        [&limits](std::span<std::byte> written, const std::shared_ptr<const void>& owner) {
+          verify_generation_bytes(written, owner, limits);
+        });
+    if (published.sha256 != g.sha256) {
+      fail(ErrorCode::sha256_mismatch, destination_label + " was written with SHA-256 " + published.sha256.hex() +
+                                           "; the source's is " + g.sha256.hex());
+    }
+    io::publish_text(*destination_checkpoints_, g.name + ".sha256", sha256_sidecar_line(g.sha256, g.name), options);
+    add_check("source_sha256_matches_record", g.name,
+              "read from " + source_label + "; SHA-256 " + g.sha256.hex() + " as the run records");
+    add_check("copy_verified_before_publish", g.name,
+              "staged, fsynced, re-read, parsed by the restricted reader and its manifest read before the rename");
+  }
+
+  void verify_destination() {
+    const Limits limits = RunDirectoryOptions{}.limits;
+    for (const auto& g : selected_) {
+      const std::string label = args_.destination + "/checkpoints/" + g.name;
+      const io::Snapshot copy = destination_checkpoints_->read(g.name, limits.max_file_bytes, std::nullopt,
+                                                               terminal_progress("verifying " + label));
+      if (copy.buffer->size() != g.size) {
+        fail(ErrorCode::file_changed_during_read, label + " holds " + std::to_string(copy.buffer->size()) +
+                                                      " bytes; the source holds " + std::to_string(g.size));
+      }
+      add_check("copy_size_matches_source", g.name, std::to_string(g.size) + " bytes, re-read from DEST");
+      if (copy.sha256 != g.sha256) {
+        fail(ErrorCode::sha256_mismatch,
+             label + " has SHA-256 " + copy.sha256.hex() + "; the source's is " + g.sha256.hex());
+      }
+      add_check("copy_sha256_matches_source", g.name, g.sha256.hex() + ", re-read from DEST");
+      const io::Snapshot sidecar = destination_checkpoints_->read(g.name + ".sha256", 4096);
+      const auto sidecar_bytes = sidecar.buffer->bytes();
+      if (std::string(reinterpret_cast<const char*>(sidecar_bytes.data()), sidecar_bytes.size()) !=
+          sha256_sidecar_line(g.sha256, g.name)) {
+        fail(ErrorCode::sidecar_invalid, label + ".sha256 does not read back as written");
+      }
+      add_check("sidecar_matches", g.name + ".sha256", "'<sha256>  " + g.name + "', the line sha256sum -c checks");
+    }
+
+    // DEST as a run directory, inspected without recovery: it must need none.
+    RunDirectoryOptions options;
+    options.create = false;
+    options.recover = false;
+    const RunDirectory exported(args_.destination, options);
+    const RecoveryReport& report = exported.recovery();
+    if (!report.clean()) {
+      std::string findings;
+      for (const auto& line : report.lines()) findings += "\n  " + line;
+      fail(recovery_problem_code(report).value_or(ErrorCode::export_destination_invalid),
+           args_.destination + " would need recovery after the export (was it written to concurrently?):" + findings);
+    }
+    const auto latest = exported.latest();
+    if (!latest || latest->name != latest_.name || latest->sha256 != latest_.sha256) {
+      fail(ErrorCode::run_pointer_invalid, args_.destination + ": LATEST does not name " + latest_.name);
+    }
+    const auto best = exported.best();
+    if (best_.has_value() != best.has_value() || (best && best->name != best_->name)) {
+      fail(ErrorCode::run_pointer_invalid, args_.destination + ": BEST does not name the exported BEST");
+    }
+    std::vector<std::string> names;
+    for (const auto& g : exported.generations()) names.push_back(g.name);
+    std::vector<std::string> expected;
+    for (const auto& g : selected_) expected.push_back(g.name);
+    if (names != expected) fail(ErrorCode::run_index_invalid, args_.destination + " lists other generations than were exported");
+    add_check("destination_opens_clean", args_.destination,
+              "RunDirectory(DEST, {.recover = false}) finds nothing to recover; LATEST " + latest_.name +
+                  (best_ ? ", BEST " + best_->name : std::string()) + ", " + std::to_string(names.size()) +
+                  (names.size() == 1 ? " generation" : " generations"));
+
+    // The recovery itself: load LATEST back from DEST through the restricted reader.
+    const LoadedMapping mapping = exported.load(*latest);
+    if (mapping.sha256 != latest_.sha256) {
+      fail(ErrorCode::sha256_mismatch, args_.destination + ": the loaded " + latest_.name + " has another SHA-256");
+    }
+    const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
+    if (!manifest) fail(ErrorCode::schema_field_missing, latest_.name + " has no '" + std::string(kManifestKey) + "' manifest");
+    const Manifest read = Manifest::from_value(*manifest);
+    recovered_ = {{"generation", latest->name},
+                  {"step", latest->step},
+                  {"epoch", latest->epoch},
+                  {"sha256", mapping.sha256.hex()},
+                  {"format", std::string(file_format_name(mapping.format))},
+                  {"manifest_kind", std::string(checkpoint_kind_name(read.kind))},
+                  {"uses_binfloat", mapping.markers.uses_binfloat}};
+    add_check("load_back", latest->name,
+              "RunDirectory(DEST).load() read it against its SHA-256 and parsed it with the restricted reader; step " +
+                  std::to_string(latest->step));
+    add_check("manifest_reads", latest->name, "the 'holdpoint' manifest reads (kind " +
+                                                  std::string(checkpoint_kind_name(read.kind)) + ")");
+  }
+
+  void add_check(std::string check, std::string subject, std::string detail) {
+    checks_.push_back({std::move(check), std::move(subject), std::move(detail)});
+  }
+
+  static std::string pointer_text(const GenerationInfo& g) { return g.name + " " + g.sha256.hex() + "\n"; }
+
+  // The run index's schema as RunDirectory writes it (src/run/run_directory.cpp);
+  // the destination check above opens DEST with the library's own parser.
+  std::string index_text() const {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& g : selected_) {
+      nlohmann::json metrics = nlohmann::json::object();
+      for (const auto& [name, value] : g.metrics) {
+        if (std::isfinite(value)) metrics[name] = value;
+      }
+      list.push_back({{"name", g.name},
+                      {"step", g.step},
+                      {"epoch", g.epoch},
+                      {"kind", g.kind},
+                      {"size", g.size},
+                      {"sha256", g.sha256.hex()},
+                      {"saved_at", g.saved_at},
+                      {"metrics", std::move(metrics)}});
+    }
+    const nlohmann::json index = {
+        {"schema", "holdpoint.run-index"}, {"schema_version", 1}, {"generations", std::move(list)}};
+    return index.dump(1) + "\n";
+  }
+
+  nlohmann::ordered_json proof_json() {
+    nlohmann::ordered_json proof;
+    proof["schema"] = kProofSchema;
+    proof["schema_version"] = kProofSchemaVersion;
+    proof["command"] = args_.command_line;
+    proof["created_at"] = created_at_;
+    proof["holdpoint_version"] = HOLDPOINT_VERSION;
+    proof["source"] = {{"run", std::filesystem::absolute(args_.run).lexically_normal().string()},
+                       {"latest", source_latest_ ? nlohmann::ordered_json(source_latest_->name) : nullptr},
+                       {"best", source_best_ ? nlohmann::ordered_json(source_best_->name) : nullptr}};
+    proof["destination"] = std::filesystem::absolute(args_.destination).lexically_normal().string();
+    proof["selection"] = selection_name(selection_);
+    nlohmann::ordered_json generations = nlohmann::ordered_json::array();
+    for (const auto& g : selected_) generations.push_back(generation_json(g));
+    proof["generations"] = std::move(generations);
+    nlohmann::ordered_json skipped = nlohmann::ordered_json::array();
+    for (const auto& check : skipped_) skipped.push_back(check_json(check));
+    proof["skipped"] = std::move(skipped);
+    proof["pointers"] = {{"LATEST", latest_.name}, {"BEST", best_ ? nlohmann::ordered_json(best_->name) : nullptr}};
+    proof["recovered"] = recovered_;
+    nlohmann::ordered_json checks = nlohmann::ordered_json::array();
+    for (const auto& c : checks_) checks.push_back({{"check", c.check}, {"subject", c.subject}, {"detail", c.detail}});
+    proof["checks"] = std::move(checks);
+    return proof;
+  }
+
+  std::string loading_text() const {
+    const std::string latest_file = "checkpoints/" + latest_.name;
+    std::ostringstream out;
+    out << "# Loading this export\n\n"
+        << "`holdpoint export` copied " << selected_.size() << " generation" << (selected_.size() == 1 ? "" : "s")
+        << " (`--" << selection_name(selection_) << "`) of the run directory `"
+        << std::filesystem::absolute(args_.run).lexically_normal().string() << "` here on " << created_at_
+        << ".\nThis directory is itself a holdpoint run directory: `checkpoints/step-NNNNNNNN.pt`, each with a\n"
+        << "`sha256sum` sidecar, `index.json`, `LATEST`" << (best_ ? " and `BEST`" : "") << ".\n\n"
+        << "| generation | step | epoch | bytes | SHA-256 |\n| --- | --- | --- | --- | --- |\n";
+    for (const auto& g : selected_) {
+      out << "| `" << g.name << "`" << (g.name == latest_.name ? " (LATEST)" : "")
+          << (best_ && g.name == best_->name ? " (BEST)" : "") << " | " << g.step << " | " << g.epoch << " | " << g.size
+          << " | `" << g.sha256.hex() << "` |\n";
+    }
+    out << "\n## Check the files\n\n"
+        << "```sh\ncd checkpoints && sha256sum -c *.sha256\nholdpoint verify .   # from this directory: every generation, LATEST and BEST\n```\n\n"
+        << "A sidecar beside its file detects corruption, not tampering: compare the digests above\n"
+        << "with RECOVERY-PROOF.json kept somewhere the files' sender does not control.\n\n"
+        << "## C++ (holdpoint)\n\n"
+        << "```cpp\n// Resume a training state (TrainingState, LibTorch build), digest checked first:\n"
+        << "state.load_checkpoint(\"" << latest_file << "\", {.expected_sha256 = \"" << latest_.sha256.hex()
+        << "\"});\n\n"
+        << "// Or open the export as a run directory; recover = false changes nothing:\n"
+        << "holdpoint::RunDirectory run(\"EXPORT_DIR\", {.create = false, .recover = false});\n"
+        << "holdpoint::LoadedMapping mapping = run.load(*run.latest());  // restricted reader, digest checked\n```\n\n"
+        << "## Python\n\n"
+        << "```python\nimport torch\nstate = torch.load(\"" << latest_file << "\", weights_only=True)\n```\n\n"
+        << "torch 1.13's `weights_only` loader reads files saved torch-1.13-compatible\n"
+        << "(`SaveOptions::torch_1_13_compatible`: no `BINFLOAT`); torch 2.x reads either (docs/format.md §6.1). "
+        << "`" << latest_.name << "` " << (recovered_.value("uses_binfloat", false) ? "uses" : "does not use")
+        << " `BINFLOAT`.\n\n"
+        << "## Recovery proof\n\n"
+        << "Written by `" << join_command() << "`. After copying, the export re-read every file at\n"
+        << "the destination and loaded `" << latest_.name << "` (step " << latest_.step
+        << ") back from it. Checks passed:\n\n";
+    for (const auto& c : checks_) out << "- `" << c.check << "` " << c.subject << ": " << c.detail << "\n";
+    if (!skipped_.empty()) {
+      out << "\nNot exported, because they do not verify in the source run:\n\n";
+      for (const auto& check : skipped_) out << "- `" << check.name << "`: " << check_text(check) << "\n";
+    }
+    out << "\n`" << kProofFile << "` holds the same in JSON; it is written last, so an export\n"
+        << "directory without it is incomplete.\n";
+    return out.str();
+  }
+
+  std::string join_command() const {
+    std::string out;
+    for (const auto& arg : args_.command_line) out += (out.empty() ? "" : " ") + arg;
+    return out;
+  }
+
+  const ExportArguments& args_;
+  Selection selection_;
+  bool source_unopened_ = false;
+  bool destination_touched_ = false;
+  std::string created_at_ = utc_timestamp();
+  std::optional<GenerationInfo> source_latest_;
+  std::optional<GenerationInfo> source_best_;
+  std::vector<GenerationInfo> selected_;
+  std::vector<GenerationCheck> skipped_;
+  GenerationInfo latest_;
+  std::optional<GenerationInfo> best_;
+  std::unique_ptr<io::Directory> destination_root_;
+  std::unique_ptr<io::Directory> destination_checkpoints_;
+  std::vector<ProofCheck> checks_;
+  nlohmann::ordered_json recovered_ = nlohmann::ordered_json::object();
+};
+
+int run_export(const ExportArguments& args) {
+  const Selection selection = args.all ? Selection::all : args.best ? Selection::best : Selection::latest;
+  Exporter exporter(args, selection);
+  try {
+    const nlohmann::ordered_json proof = exporter.run();
+    if (args.json) {
+      std::cout << proof.dump(2) << "\n";
+      return kExitOk;
+    }
+    std::cout << "exported " << proof["generations"].size() << " generation(s) of " << args.run << " to "
+              << args.destination << "; LATEST " << proof["pointers"]["LATEST"].get<std::string>()
+              << " loaded back from the export (step " << proof["recovered"]["step"] << ")\n";
+    for (const auto& skipped : proof["skipped"]) {
+      std::cout << "skipped " << skipped["name"].get<std::string>() << ": it does not verify in the source ("
+                << skipped["code"].get<std::string>() << ")\n";
+    }
+    std::cout << "see " << args.destination << "/" << kLoadingFile << " and " << kProofFile << "\n";
+    return kExitOk;
+  } catch (const Error& error) {
+    std::string message = error.what();
+    if (exporter.destination_touched()) {
+      message += " (the export did not finish: " + args.destination + " has no " + std::string(kProofFile) +
+                 "; delete it before exporting again)";
+    }
+    const int exit_code = exporter.source_unopened() ? kExitUsage : exit_code_for(error.code());
+    if (args.json) {
+      nlohmann::ordered_json out;
+      out["run"] = args.run;
+      out["destination"] = args.destination;
+      out["code"] = std::string(error_code_name(error.code()));
+      out["message"] = message;
+      std::cout << out.dump(2) << "\n";
+      return exit_code;
+    }
+    std::cerr << (exit_code == kExitInvalid ? "invalid: " : "error: ") << error_code_name(error.code()) << ": "
+              << message << "\n";
+    return exit_code;
+  }
+}
+
+}  // namespace
+
+void add_export_command(CLI::App& app, int& exit_code, std::vector<std::string> command_line) {
+  auto args = std::make_shared<ExportArguments>();
+  args->command_line = std::move(command_line);
+  CLI::App* command = app.add_subcommand(
+      "export", "Copy generations of a run directory to DEST crash-safely, verify them there and write a recovery proof");
+  command->add_option("run", args->run, "a run directory")->required();
+  command->add_option("dest", args->destination, "a new or empty directory")->required();
+  auto* latest = command->add_flag("--latest", args->latest, "export the generation LATEST names (the default)");
+  auto* best = command->add_flag("--best", args->best, "export the generation BEST names");
+  auto* all = command->add_flag("--all", args->all, "export every committed generation");
+  latest->excludes(best)->excludes(all);
+  best->excludes(all);
+  command->add_flag("--json", args->json, "print the recovery proof as JSON");
+  command->callback([args, &exit_code] { exit_code = run_export(*args); });
+}
+
+}  // namespace holdpoint::cli

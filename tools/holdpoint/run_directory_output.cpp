@@ -1,0 +1,110 @@
+#include "run_directory_output.h"
+
+#include <chrono>
+#include <ctime>
+#include <iostream>
+
+#include "commands.h"
+
+namespace holdpoint::cli {
+
+std::unique_ptr<RunDirectory> open_run_directory(const std::string& run, bool recover, bool json,
+                                                 std::optional<BestMetric> best_metric) {
+  RunDirectoryOptions options;
+  options.create = false;
+  options.recover = recover;
+  options.best_metric = std::move(best_metric);
+  try {
+    return std::make_unique<RunDirectory>(run, std::move(options));
+  } catch (const Error& error) {
+    if (json) {
+      nlohmann::ordered_json out;
+      out["run"] = run;
+      out["code"] = std::string(error_code_name(error.code()));
+      out["message"] = error.what();
+      std::cout << out.dump(2) << "\n";
+    } else {
+      std::cerr << "error: " << error_code_name(error.code()) << ": " << error.what() << "\n";
+    }
+    return nullptr;
+  }
+}
+
+nlohmann::ordered_json generation_json(const GenerationInfo& generation) {
+  nlohmann::ordered_json metrics = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : generation.metrics) metrics[name] = value;
+  return {{"name", generation.name},         {"step", generation.step},
+          {"epoch", generation.epoch},       {"kind", generation.kind},
+          {"size", generation.size},         {"sha256", generation.sha256.hex()},
+          {"saved_at", generation.saved_at}, {"metrics", std::move(metrics)}};
+}
+
+nlohmann::ordered_json check_json(const GenerationCheck& check) {
+  nlohmann::ordered_json out;
+  out["name"] = check.name;
+  out["ok"] = check.ok;
+  out["code"] = check.code ? nlohmann::ordered_json(std::string(error_code_name(*check.code))) : nullptr;
+  out["detail"] = check.detail;
+  return out;
+}
+
+nlohmann::ordered_json recovery_json(const RecoveryReport& report) {
+  const auto optional_text = [](const std::optional<std::string>& text) {
+    return text ? nlohmann::ordered_json(*text) : nlohmann::ordered_json(nullptr);
+  };
+  nlohmann::ordered_json damaged = nlohmann::ordered_json::array();
+  for (const auto& check : report.damaged) damaged.push_back(check_json(check));
+  nlohmann::ordered_json out;
+  out["read_only"] = report.read_only;
+  out["clean"] = report.clean();
+  out["removed_staging"] = report.removed_staging;
+  out["removed_uncommitted"] = report.removed_uncommitted;
+  out["damaged"] = std::move(damaged);
+  out["quarantined"] = report.quarantined;
+  out["previously_quarantined"] = report.previously_quarantined;
+  out["removed_orphan_sidecars"] = report.removed_orphan_sidecars;
+  out["adopted"] = report.adopted;
+  out["dropped_from_index"] = report.dropped_from_index;
+  out["latest_problem"] = optional_text(report.latest_problem);
+  out["best_problem"] = optional_text(report.best_problem);
+  out["index_problem"] = optional_text(report.index_problem);
+  out["latest_rewritten"] = report.latest_rewritten;
+  out["best_rewritten"] = report.best_rewritten;
+  out["index_rewritten"] = report.index_rewritten;
+  out["latest"] = optional_text(report.latest);
+  out["lines"] = report.lines();
+  return out;
+}
+
+std::optional<ErrorCode> recovery_problem_code(const RecoveryReport& report) {
+  for (const auto& check : report.damaged) {
+    if (check.code) return check.code;
+  }
+  if (!report.damaged.empty() || report.latest_problem || report.best_problem) return ErrorCode::run_pointer_invalid;
+  if (report.index_problem || !report.adopted.empty() || !report.dropped_from_index.empty()) {
+    return ErrorCode::run_index_invalid;
+  }
+  return std::nullopt;
+}
+
+std::string check_text(const GenerationCheck& check) {
+  if (check.ok) return "ok";
+  return std::string(check.code ? error_code_name(*check.code) : "unknown") + ": " + check.detail;
+}
+
+int report_error(std::ostream& out, ErrorCode code, const std::string& message) {
+  const int exit_code = exit_code_for(code);
+  out << (exit_code == kExitInvalid ? "invalid: " : "error: ") << error_code_name(code) << ": " << message << "\n";
+  return exit_code;
+}
+
+std::string utc_timestamp() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+}  // namespace holdpoint::cli
