@@ -3,7 +3,8 @@
 #   1. unit, interop (Python torch 1.13 oracle), corpus and fuzz-corpus replay tests (ctest);
 #   2. a short libFuzzer run of every parser under ASan+UBSan (clang build in build-fuzz/).
 # Opt-in long tier: HOLDPOINT_LARGE_TESTS=1 (>4 GiB zip64 records, 65k-record
-# torch.save differential) and HOLDPOINT_FUZZ_SECONDS=<n> (longer fuzzing).
+# torch.save differential, 300 SIGKILL cycles instead of 32) and
+# HOLDPOINT_FUZZ_SECONDS=<n> (longer fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh

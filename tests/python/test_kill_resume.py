@@ -11,8 +11,8 @@ restart the directory is inspected read-only (`holdpoint ls --json`), which
 counts kills that left a staging file or an uncommitted generation behind:
 kills that landed inside a save.
 
-HOLDPOINT_KILL_CYCLES sets the number of kills (default 32; the opt-in long
-tier runs more)."""
+HOLDPOINT_KILL_CYCLES sets the number of kills (default 32; 300 in the opt-in
+long tier, HOLDPOINT_LARGE_TESTS=1)."""
 
 import json
 import os
@@ -29,7 +29,7 @@ import harness
 TRAINER = os.path.join(harness.BUILD_DIR, "tests", "tools", "train_run")
 STEPS = 160
 COMMON = ["--steps", str(STEPS), "--every", "2", "--width", "2048", "--keep-last", "3"]
-KILLS = int(os.environ.get("HOLDPOINT_KILL_CYCLES", "32"))
+KILLS = int(os.environ.get("HOLDPOINT_KILL_CYCLES", "300" if os.environ.get("HOLDPOINT_LARGE_TESTS") == "1" else "32"))
 
 
 def start(run_dir, asynchronous):
