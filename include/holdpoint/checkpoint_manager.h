@@ -11,9 +11,11 @@
 // with several threads; then hand the staged checkpoint to a background
 // thread that writes, hashes, verifies and commits it. The training thread
 // may update the model as soon as save() returns. At most one save is in
-// flight. A background save that fails never moves LATEST; its error is thrown
-// by the next call of save(), maybe_save() or wait(), with the code it failed
-// with and the step it was for.
+// flight. A background save that fails before LATEST moves leaves LATEST
+// where it was; one that fails after (LATEST's directory fsync, BEST,
+// retention) is committed and its message says so. Either error is thrown by
+// the next call of save(), maybe_save(), wait() or resume(), with the code it
+// failed with and the step it was for.
 //
 // The destructor waits for a save in flight; an error it had is logged, not
 // thrown. Call wait() before the end of training to see it.

@@ -6,8 +6,9 @@
 // the save to commit, and exits with kExitPreempted. A second signal means
 // "stop now": the handler calls _exit(kExitAborted) at once. Nothing is
 // corrupted by that: every file becomes visible only by an atomic rename, so
-// an abort leaves at most a staging file, which the next open of the run
-// directory removes. The previous handlers are restored when the guard ends.
+// an abort leaves at most a staging file and, if a save was in flight, an
+// uncommitted generation, which the next open of the run directory removes.
+// The previous handlers are restored when the guard ends.
 //
 // Failure contract: constructing a second guard while one lives throws
 // holdpoint::Error (save_invalid_request).

@@ -15,9 +15,10 @@
 // previous committed generation or the new one; docs/publication.md argues
 // each step.
 //
-// Open (the constructor) takes an advisory lock (.holdpoint-lock, POSIX only;
-// a second writer gets run_directory_locked) and recovers: stale staging
-// files and orphaned sidecars are removed; LATEST is read and its generation
+// Open (the constructor) takes an advisory lock (.holdpoint-lock; only with
+// recover = true on the default POSIX file system; a second writer gets
+// run_directory_locked) and recovers: stale staging files and orphaned
+// sidecars are removed; LATEST is read and its generation
 // verified (size, SHA-256 against pointer, sidecar and index, bounded parse,
 // manifest schema); generations newer than a verified LATEST are uncommitted
 // leftovers of an interrupted save and are removed; a missing or damaged
@@ -135,7 +136,7 @@ struct BestMetric {
 
 struct RunDirectoryOptions {
   io::FileSystem* file_system = nullptr;  // default: the POSIX file system
-  bool create = true;                     // create the directory when it is missing
+  bool create = true;                     // create the directory when it is missing (only with recover)
   bool recover = true;                    // false: inspect only, change nothing
   std::optional<BestMetric> best_metric;  // what BEST and keep_best rank by
   RetentionPolicy retention;              // applied after each commit
@@ -207,6 +208,12 @@ class RunDirectory {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The texts of the run directory's own files, exactly as commit() writes
+// them (for tools that assemble a run directory elsewhere, like export):
+// "<name> <sha256>\n" for LATEST and BEST, and index.json.
+std::string run_pointer_text(const GenerationInfo& generation);
+std::string run_index_text(const std::vector<GenerationInfo>& generations);
 
 // The verifier commits use by default: the bytes parse with the restricted
 // reader and hold a holdpoint manifest that reads.

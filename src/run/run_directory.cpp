@@ -55,7 +55,7 @@ std::string utc_now() {
   return text;
 }
 
-std::string pointer_text(const GenerationInfo& g) { return concat(g.name, " ", g.sha256.hex(), "\n"); }
+std::string pointer_text(const GenerationInfo& g) { return run_pointer_text(g); }
 std::string sidecar_text(const GenerationInfo& g) { return concat(g.sha256.hex(), "  ", g.name, "\n"); }
 
 std::string text_of(const io::Snapshot& snapshot) {
@@ -107,6 +107,10 @@ nlohmann::json index_json(const std::map<std::int64_t, GenerationInfo>& generati
                     {"metrics", std::move(metrics)}});
   }
   return {{"schema", kIndexSchema}, {"schema_version", kIndexSchemaVersion}, {"generations", std::move(list)}};
+}
+
+std::string index_text(const std::map<std::int64_t, GenerationInfo>& generations) {
+  return index_json(generations).dump(1) + "\n";
 }
 
 std::map<std::string, GenerationInfo> parse_index(const std::string& text) {
@@ -183,6 +187,16 @@ std::optional<std::int64_t> parse_generation_name(std::string_view name) noexcep
   // One spelling per step: exactly what generation_name writes.
   if (digits.size() > 8 && digits.front() == '0') return std::nullopt;
   return step;
+}
+
+std::string run_pointer_text(const GenerationInfo& generation) {
+  return concat(generation.name, " ", generation.sha256.hex(), "\n");
+}
+
+std::string run_index_text(const std::vector<GenerationInfo>& generations) {
+  std::map<std::int64_t, GenerationInfo> by_step;
+  for (const auto& g : generations) by_step.emplace(g.step, g);
+  return index_json(by_step).dump(1) + "\n";
 }
 
 std::optional<double> GenerationInfo::metric(std::string_view metric_name) const {
@@ -274,7 +288,7 @@ struct RunDirectory::Impl {
   }
 
   void write_index() {
-    io::publish_text(*root, std::string(kRunIndex), index_json(committed).dump(1) + "\n", publish_options(true));
+    io::publish_text(*root, std::string(kRunIndex), index_text(committed), publish_options(true));
   }
 
   void write_pointer(std::string_view which, const GenerationInfo& g) {
@@ -358,7 +372,9 @@ struct RunDirectory::Impl {
   // not a generation's, so nothing here deletes or re-adopts it.
   void quarantine(const std::string& name) {
     std::string aside = name + std::string(kDamagedSuffix);
-    for (int n = 2; checkpoints->stat(aside); ++n) aside = concat(name, kDamagedSuffix, "-", n);
+    for (int n = 2; checkpoints->stat(aside) || checkpoints->stat(aside + std::string(kSidecarSuffix)); ++n) {
+      aside = concat(name, kDamagedSuffix, "-", n);
+    }
     report.quarantined.push_back(aside);
     if (!options.recover) return;
     checkpoints->rename(name, aside, false);
@@ -375,7 +391,7 @@ void RunDirectory::Impl::lock() {
   // Two writers would remove each other's staging files and uncommitted
   // generations; an advisory lock keeps them apart (POSIX file system only:
   // the test double has no other processes).
-  if (options.file_system || !options.recover) return;
+  if ((options.file_system && options.file_system != &io::posix_file_system()) || !options.recover) return;
   const auto lock_path = path / std::string(kLockFile);
   lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (lock_fd < 0) {
@@ -467,7 +483,9 @@ void RunDirectory::Impl::open() {
       report.index_problem = "missing";
     }
   } catch (const Error& error) {
-    if (unreadable_here(error.code())) throw;
+    // A symlink in its place (ELOOP: io_open_failed) is a malformed index,
+    // replaced by the rewrite, never followed.
+    if (unreadable_here(error.code()) && error.code() != ErrorCode::io_open_failed) throw;
     report.index_problem = error.detail();
   }
   // Files newer than the generation LATEST names are removed unread if LATEST
@@ -754,7 +772,7 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     io::publish_text(dir, sidecar_name(g.name), sidecar_text(g), d.publish_options(true));
     auto next = d.committed;
     next.emplace(g.step, g);
-    io::publish_text(*d.root, std::string(kRunIndex), index_json(next).dump(1) + "\n", d.publish_options(true));
+    io::publish_text(*d.root, std::string(kRunIndex), index_text(next), d.publish_options(true));
     // The commit point. If LATEST's publish fails after its rename (the
     // directory fsync), LATEST already names the new generation: it counts
     // as committed here, and the next open decides from what is durable.
@@ -781,8 +799,9 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     if (d.options.best_metric) {
       const auto& metric = *d.options.best_metric;
       const auto value = g.metric(metric.name);
+      // A BEST without a recorded metric (re-adopted) stays, as recovery keeps it.
       const auto incumbent = d.best ? d.committed.at(*d.best).metric(metric.name) : std::nullopt;
-      if (value && std::isfinite(*value) && (!incumbent || better(*value, *incumbent, metric))) {
+      if (value && std::isfinite(*value) && (!d.best || (incumbent && better(*value, *incumbent, metric)))) {
         d.write_pointer(kBestPointer, g);
         d.best = g.step;
         result.became_best = true;
@@ -893,7 +912,7 @@ std::vector<std::string> RunDirectory::collect_garbage(const RetentionPolicy& po
     // recovery re-adopts, never an index naming missing files as committed.
     auto next = d.committed;
     for (const auto& name : plan.remove) next.erase(*parse_generation_name(name));
-    io::publish_text(*d.root, std::string(kRunIndex), index_json(next).dump(1) + "\n", d.publish_options(true));
+    io::publish_text(*d.root, std::string(kRunIndex), index_text(next), d.publish_options(true));
     d.committed = std::move(next);
     io::Directory& dir = d.checkpoints_dir();
     for (const auto& name : plan.remove) {

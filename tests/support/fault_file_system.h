@@ -17,7 +17,7 @@
 // Creating a directory is durable at once: open_subdirectory(create) syncs
 // the parent, exactly as the POSIX implementation fsyncs it, and
 // open_directory(create) treats every directory it creates as synced into its
-// parent (the POSIX implementation does not fsync there; a test that wants a
+// parent (the POSIX implementation fsyncs each parent it creates in; a test that wants a
 // run directory to vanish in a crash cannot express that with this double).
 //
 // Refusals mirror posix_file_system.cpp code for code and strerror text for

@@ -398,6 +398,20 @@ TEST(CheckpointManager, ARunWhoseGenerationsAreAllDamagedIsNotRestartedFromScrat
   EXPECT_EQ(restarted.trainer->progress().global_step, 0);
 }
 
+TEST(CheckpointManager, ARunWhoseCheckpointsVanishedIsNotRestartedFromScratch) {
+  TempDir tmp;
+  {
+    TrainRun run(16);
+    CheckpointManager manager(tmp / "run", run.trainer->state(), quiet(false));
+    run.trainer->step();
+    manager.save(at_step(*run.trainer));
+  }
+  std::filesystem::remove_all(tmp / "run" / "checkpoints");
+  TrainRun restarted(16);
+  CheckpointManager manager(tmp / "run", restarted.trainer->state(), quiet(false));
+  EXPECT_ERROR_CODE(manager.resume(), ErrorCode::run_no_generation);
+}
+
 TEST(PreemptionGuard, OnlyOneGuardAtATimeAndHandlersAreRestored) {
   {
     PreemptionGuard guard;

@@ -16,6 +16,7 @@
 #include "format/pt_writer.h"
 #include "holdpoint/manifest.h"
 #include "io/byte_sink.h"
+#include "io/file_system.h"
 #include "io/publish.h"
 #include "support/fault_file_system.h"
 #include "support/test_support.h"
@@ -450,6 +451,33 @@ TEST(RunDirectorySymlinks, ASymlinkedLatestIsNotFollowed) {
   EXPECT_TRUE(run.recovery().latest_rewritten);
   EXPECT_FALSE(std::filesystem::is_symlink(tmp / "run" / "LATEST")) << "the link itself was replaced";
   EXPECT_EQ(read_text(tmp / "elsewhere"), latest);
+}
+
+TEST(RunDirectorySymlinks, ASymlinkedIndexIsReplacedNotFollowed) {
+  TempDir tmp;
+  { RunDirectory(tmp / "run").commit(spec(1), writer_for(1)); }
+  const std::string index = read_text(tmp / "run" / "index.json");
+  std::filesystem::remove(tmp / "run" / "index.json");
+  write_text(tmp / "outside.json", index);
+  std::filesystem::create_symlink(tmp / "outside.json", tmp / "run" / "index.json");
+  RunDirectory run(tmp / "run");
+  ASSERT_TRUE(run.recovery().index_problem);
+  EXPECT_TRUE(run.recovery().index_rewritten);
+  EXPECT_FALSE(std::filesystem::is_symlink(tmp / "run" / "index.json"));
+  EXPECT_EQ(read_text(tmp / "outside.json"), index) << "the link's target is untouched";
+  EXPECT_EQ(run.latest()->step, 1);
+}
+
+TEST(RunDirectoryLock, ASecondWriterIsRefusedAndReadersAreNot) {
+  TempDir tmp;
+  RunDirectory writer(tmp / "run");
+  writer.commit(spec(1), writer_for(1));
+  EXPECT_ERROR_CODE(RunDirectory(tmp / "run", {}), ErrorCode::run_directory_locked);
+  RunDirectoryOptions explicit_posix;
+  explicit_posix.file_system = &io::posix_file_system();
+  EXPECT_ERROR_CODE(RunDirectory(tmp / "run", explicit_posix), ErrorCode::run_directory_locked);
+  RunDirectory reader(tmp / "run", {.recover = false});
+  EXPECT_EQ(reader.latest()->step, 1);
 }
 
 // ---- retention --------------------------------------------------------------------------------

@@ -324,30 +324,9 @@ class Exporter {
     checks_.push_back({std::move(check), std::move(subject), std::move(detail)});
   }
 
-  static std::string pointer_text(const GenerationInfo& g) { return g.name + " " + g.sha256.hex() + "\n"; }
+  static std::string pointer_text(const GenerationInfo& g) { return run_pointer_text(g); }
 
-  // The run index's schema as RunDirectory writes it (src/run/run_directory.cpp);
-  // the destination check above opens DEST with the library's own parser.
-  std::string index_text() const {
-    nlohmann::json list = nlohmann::json::array();
-    for (const auto& g : selected_) {
-      nlohmann::json metrics = nlohmann::json::object();
-      for (const auto& [name, value] : g.metrics) {
-        if (std::isfinite(value)) metrics[name] = value;
-      }
-      list.push_back({{"name", g.name},
-                      {"step", g.step},
-                      {"epoch", g.epoch},
-                      {"kind", g.kind},
-                      {"size", g.size},
-                      {"sha256", g.sha256.hex()},
-                      {"saved_at", g.saved_at},
-                      {"metrics", std::move(metrics)}});
-    }
-    const nlohmann::json index = {
-        {"schema", "holdpoint.run-index"}, {"schema_version", 1}, {"generations", std::move(list)}};
-    return index.dump(1) + "\n";
-  }
+  std::string index_text() const { return run_index_text(selected_); }
 
   nlohmann::ordered_json proof_json() {
     nlohmann::ordered_json proof;
