@@ -88,6 +88,11 @@ class CheckpointManager {
   // first.
   std::optional<SaveStats> save(const GenerationSpec& spec);
   std::optional<SaveStats> maybe_save(const GenerationSpec& spec, bool epoch_completed, std::int64_t epochs_completed);
+  // Allocates and touches the staging memory of asynchronous saves now (one
+  // capture and copy of the state, and at least `minimum_bytes`), so the
+  // first save() blocks no longer than later ones. Optimizers create their
+  // state at their first step: call it after one, or pass the expected size.
+  void reserve_staging(std::uint64_t minimum_bytes = 0);
   // Waits for the save in flight and throws its error, if any.
   void wait();
   bool in_flight() const;

@@ -178,6 +178,16 @@ std::optional<SaveStats> CheckpointManager::maybe_save(const GenerationSpec& spe
   return save(spec);
 }
 
+void CheckpointManager::reserve_staging(std::uint64_t minimum_bytes) {
+  Impl& d = *impl_;
+  d.rethrow(d.join());
+  CheckpointSaveOptions save_options;
+  save_options.torch_1_13_compatible = d.options.torch_1_13_compatible;
+  // The staged copy is dropped at once; the arena keeps its buffer for the next save.
+  d.state.prepare_save(save_options, [&](std::vector<std::pair<std::string, Value>>& states) { d.arena.stage(states); });
+  d.arena.reserve(minimum_bytes);
+}
+
 void CheckpointManager::wait() { impl_->rethrow(impl_->join()); }
 
 bool CheckpointManager::in_flight() const { return impl_->worker.joinable(); }

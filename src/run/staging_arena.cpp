@@ -114,6 +114,13 @@ StagingArena::StagingArena(unsigned threads)
 
 StagingArena::~StagingArena() = default;
 
+void StagingArena::reserve(std::uint64_t bytes) {
+  if ((buffer_ && buffer_->size() >= bytes) || (buffer_ && buffer_.use_count() > 1) || bytes == 0) return;
+  buffer_.reset();
+  buffer_ = io::Buffer::allocate(bytes);
+  std::memset(buffer_->data(), 0, buffer_->size());
+}
+
 std::uint64_t StagingArena::capacity() const noexcept { return buffer_ ? buffer_->size() : 0; }
 
 StageStats StagingArena::stage(std::vector<std::pair<std::string, Value>>& states) {

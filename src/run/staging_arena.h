@@ -46,6 +46,9 @@ class StagingArena {
   StagingArena& operator=(const StagingArena&) = delete;
 
   StageStats stage(std::vector<std::pair<std::string, Value>>& states);
+  // Makes the buffer at least `bytes` large, touching every page, unless a
+  // staged state still holds the current one.
+  void reserve(std::uint64_t bytes);
   std::uint64_t capacity() const noexcept;
 
  private:

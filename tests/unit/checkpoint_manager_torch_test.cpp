@@ -141,6 +141,27 @@ TEST(CheckpointManager, StagingMemoryIsReusedFromTheSecondSaveOn) {
   EXPECT_EQ(manager.generations().size(), 3u);
 }
 
+TEST(CheckpointManager, ReservedStagingMakesTheFirstSaveReuseIt) {
+  TempDir tmp;
+  TrainRun run(17);
+  CheckpointManager manager(tmp / "run", run.trainer->state(), quiet(true));
+  run.trainer->step();  // Adam creates its state here
+  manager.reserve_staging();
+  run.trainer->step();
+  const auto stats = manager.save(at_step(*run.trainer));
+  manager.wait();
+  EXPECT_TRUE(stats->staging_reused);
+  EXPECT_EQ(manager.latest()->step, 2);
+
+  // Reserving by size works before any step.
+  TrainRun fresh(18);
+  CheckpointManager sized(tmp / "sized", fresh.trainer->state(), quiet(true));
+  sized.reserve_staging(1 << 20);
+  fresh.trainer->step();
+  EXPECT_TRUE(sized.save(at_step(*fresh.trainer))->staging_reused);
+  sized.wait();
+}
+
 TEST(CheckpointManager, AtMostOneSaveIsInFlightAndTheNextOneWaitsForIt) {
   TempDir tmp;
   TrainRun run(3);
