@@ -203,7 +203,35 @@ namespace holdpoint {
   X(run_no_generation, "the run directory has damaged generations and none that verifies; resuming from scratch is refused") \
   X(run_gc_refused, "retention refused to delete: an operation failed or LATEST is not verified") \
   X(export_destination_invalid, "the export destination exists and is not an empty directory") \
-  X(save_invalid_request, "a save or preemption request is invalid in the current state")
+  X(save_invalid_request, "a save or preemption request is invalid in the current state")      \
+  /* resume verification (verify layer) */                                                    \
+  X(resume_output_exists, "the verification's output directory already exists")               \
+  X(resume_trainer_unavailable, "the trainer program does not exist or is not executable")    \
+  X(resume_run_failed, "a trainer run could not start, exited non-zero or was killed by a signal") \
+  X(resume_run_timed_out, "a trainer run did not finish within the timeout and was killed")   \
+  X(resume_run_output_missing, "a trainer run left no summary.json, checkpoint.pt or checkpoint.pt.sha256") \
+  X(resume_summary_unreadable, "summary.json is not JSON (a bare NaN is not JSON: write \"nan\")") \
+  X(resume_summary_schema_unsupported, "summary.json's schema or schema_version is not one this build reads") \
+  X(resume_summary_field_missing, "summary.json or one of its trace records lacks a required field") \
+  X(resume_summary_field_invalid, "a summary.json field has the wrong type or value")         \
+  X(resume_protocol_violated, "a run's summary contradicts its command (steps, global step, resume, RNG restore, versions)") \
+  X(resume_structure_mismatch, "the runs differ in structure: trace length, generators, keys, kinds, dtypes or shapes") \
+  X(resume_value_not_finite, "a compared value is NaN or infinite")                           \
+  X(resume_value_deviation, "a floating-point value deviates beyond atol + rtol x |continuous|") \
+  X(resume_value_mismatch, "a value compared exactly (sample ids, steps, integers, booleans, strings) differs") \
+  X(resume_negative_control_matched, "the resume without RNG restore matched the continuous run, so the check could not detect an incomplete resume") \
+  /* best-state capture (selection layer) */                                                 \
+  X(selection_record_invalid, "a selection record has a missing, unknown or mistyped field") \
+  X(selection_envelope_invalid, "a selection envelope's model state is not a mapping of names to tensors, or its selection component is malformed") \
+  X(selection_record_mismatch, "the selection record a candidate or envelope carries differs from the trusted record") \
+  X(selection_key_missing, "a candidate lacks a tensor the selection record holds (strict key matching)") \
+  X(selection_key_unexpected, "a candidate holds a tensor the selection record does not (strict key matching)") \
+  X(selection_dtype_mismatch, "a candidate tensor's dtype differs from the selection record's") \
+  X(selection_shape_mismatch, "a candidate tensor's shape differs from the selection record's") \
+  X(selection_content_mismatch, "a candidate tensor's elements differ from the selection record's witness (values or SHA-256)") \
+  X(selection_poison_ineffective, "poisoning a fresh module's tensor left it equal to the selected content, so a load that did nothing would go unnoticed") \
+  X(selection_reload_mismatch, "after loading the staged envelope, the fresh module's tensors differ from the selection record: the load did not take effect") \
+  X(selection_output_mismatch, "the reloaded module's output on the probe input differs from the output recorded at selection")
 
 enum class ErrorCode : std::uint16_t {
 #define HOLDPOINT_X(name, description) name,

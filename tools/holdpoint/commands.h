@@ -29,6 +29,9 @@ void add_ls_command(CLI::App& app, int& exit_code);
 void add_gc_command(CLI::App& app, int& exit_code);
 // `command_line` is recorded in the export's recovery proof.
 void add_export_command(CLI::App& app, int& exit_code, std::vector<std::string> command_line);
+// Resume verification of a trainer program (docs/verification.md); exits 0
+// all checks passed, 1 a comparison failed, 2 could not complete.
+void add_verify_resume_command(CLI::App& app, int& exit_code);
 
 // Prints "reading FILE: 37% (...)" on stderr for files of 256 MiB and more,
 // when stderr is a terminal; an empty function otherwise.

@@ -1,5 +1,6 @@
 // holdpoint: inspect, verify and convert checkpoint files without executing them,
-// and list, verify, prune and export run directories.
+// list, verify, prune and export run directories, and verify that a trainer's
+// resume reproduces its uninterrupted run.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   holdpoint::cli::add_ls_command(app, exit_code);
   holdpoint::cli::add_gc_command(app, exit_code);
   holdpoint::cli::add_export_command(app, exit_code, std::vector<std::string>(argv, argv + argc));
+  holdpoint::cli::add_verify_resume_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
