@@ -204,8 +204,49 @@ PreparedCheckpoint TrainingState::prepare_save(const CheckpointSaveOptions& opti
   return prepared;
 }
 
+namespace {
+
+// The torch 1.13 compatible writer stores floats and bytes as 0-d float64 and
+// 1-d uint8 tensors. Doing it once here, before writing, makes them ordinary
+// storages of the state: written with the others, covered by the component
+// digests exactly as a load will read them back.
+Value as_torch_1_13_state(const Value& value) {
+  switch (value.kind()) {
+    case ValueKind::floating: {
+      const double number = value.as_double();
+      return Value::tensor(TensorData::from_bytes(DType::float64, {}, std::as_bytes(std::span(&number, 1))));
+    }
+    case ValueKind::bytes: {
+      const std::string_view bytes = value.as_bytes();
+      return Value::tensor(TensorData::from_bytes(DType::uint8, {static_cast<std::int64_t>(bytes.size())},
+                                                  std::as_bytes(std::span(bytes.data(), bytes.size()))));
+    }
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      Value::List items;
+      for (const Value& item : value.as_list()) items.push_back(as_torch_1_13_state(item));
+      return value.is_list() ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      Dict entries;
+      for (const auto& [key, item] : value.as_dict()) entries.insert(key, as_torch_1_13_state(item));
+      if (value.as_dict().metadata()) entries.set_metadata(*value.as_dict().metadata());
+      return value.is_ordered_dict() ? Value::ordered_dict(std::move(entries)) : Value::dict(std::move(entries));
+    }
+    default: return value;
+  }
+}
+
+}  // namespace
+
 SaveResult PreparedCheckpoint::write(io::ByteSink& sink) const {
   Manifest manifest = manifest_;
+  std::vector<std::pair<std::string, Value>> compatible;
+  if (torch_1_13_compatible_) {
+    for (const auto& [name, state] : states_) compatible.emplace_back(name, as_torch_1_13_state(state));
+  }
+  const auto& states_ = torch_1_13_compatible_ ? compatible : this->states_;
   Dict body;
   body.insert(std::string(kManifestKey), manifest.to_value());
   for (const auto& [name, state] : states_) body.insert(name, state);

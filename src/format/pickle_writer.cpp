@@ -154,7 +154,9 @@ class Emitter {
       // (Value::as_number reads it back as the number).
       std::byte bytes[sizeof value];
       std::memcpy(bytes, &value, sizeof value);
+      synthesizing_ = true;
       emit_tensor(std::make_shared<const TensorData>(TensorData::from_bytes(DType::float64, {}, bytes)), false);
+      synthesizing_ = false;
       return;
     }
     put(op::BINFLOAT);
@@ -166,9 +168,11 @@ class Emitter {
     if (options_.torch_1_13_compatible) {
       // 1.13 does not allowlist _codecs.encode: a 1-d uint8 tensor instead.
       const auto* p = reinterpret_cast<const std::byte*>(bytes.data());
+      synthesizing_ = true;
       emit_tensor(std::make_shared<const TensorData>(TensorData::from_bytes(
                       DType::uint8, {static_cast<std::int64_t>(bytes.size())}, std::span(p, bytes.size()))),
                   false);
+      synthesizing_ = false;
       return;
     }
     // As Python pickles bytes below protocol 3: _codecs.encode(latin1 text, 'latin1').
@@ -344,9 +348,11 @@ class Emitter {
       }
       key = first.key;
     } else {
-      key = std::to_string(storages_.size());
+      // Made-up storages count from 10^12 (record names must be decimal), so
+      // they never shift the keys of the value's own storages.
+      key = std::to_string(synthesizing_ ? kSynthesizedKeyBase + synthesized_count_++ : real_count_++);
       storage_keys_.emplace(storage.identity(), StorageKey{storages_.size(), tensor.dtype});
-      storages_.push_back(PickledStorage{key, tensor.storage, storage.nbytes()});
+      storages_.push_back(PickledStorage{key, tensor.storage, storage.nbytes(), synthesizing_});
     }
     put(op::MARK);
     emit_str("storage");
@@ -449,6 +455,10 @@ class Emitter {
   std::unordered_map<const TensorData*, std::uint32_t> tensor_memo_;
   std::unordered_map<const void*, StorageKey> storage_keys_;
   std::vector<PickledStorage> storages_;
+  static constexpr std::uint64_t kSynthesizedKeyBase = 1'000'000'000'000;
+  bool synthesizing_ = false;
+  std::uint64_t real_count_ = 0;
+  std::uint64_t synthesized_count_ = 0;
   std::uint64_t tensor_count_ = 0;
 };
 

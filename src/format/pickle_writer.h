@@ -37,6 +37,10 @@ struct PickledStorage {
   std::string key;
   std::shared_ptr<const Storage> storage;  // the whole storage is written
   std::uint64_t nbytes = 0;  // the record size (the whole storage)
+  // A 0-d float64 or uint8 tensor the torch 1.13 mode made for a float or a
+  // bytes value: keyed from 10^12 up, apart from the value's own storages,
+  // so a second pickling of the same structure keys the real storages alike.
+  bool synthesized = false;
 };
 
 struct PickleWriteResult {

@@ -54,6 +54,9 @@ PtWriteResult write_pt_storages_first(io::ByteSink& sink, const Value& provision
     written.reserve(provisional.storages.size());
     Sha256 hasher;
     for (const PickledStorage& storage : provisional.storages) {
+      // Storages the torch 1.13 mode makes for floats and bytes are new on
+      // every pickling; the final pickle's are written after it is known.
+      if (storage.synthesized) continue;
       zip.begin_record("data/" + storage.key, storage.nbytes);
       // Hash in pieces that are still in cache when the sink copies them.
       const auto bytes = storage.storage->bytes().first(storage.nbytes);
@@ -67,13 +70,20 @@ PtWriteResult write_pt_storages_first(io::ByteSink& sink, const Value& provision
       written.push_back({storage.key, storage.storage->identity(), hasher.finish()});
     }
     const PickleWriteResult pickled = write_pickle(final_root(written), pickle_options);
-    bool same = pickled.storages.size() == written.size();
+    std::vector<const PickledStorage*> real, synthesized;
+    for (const PickledStorage& storage : pickled.storages) (storage.synthesized ? synthesized : real).push_back(&storage);
+    bool same = real.size() == written.size();
     for (std::size_t i = 0; same && i < written.size(); ++i) {
-      same = pickled.storages[i].key == written[i].key && pickled.storages[i].storage->identity() == written[i].identity;
+      same = real[i]->key == written[i].key && real[i]->storage->identity() == written[i].identity;
     }
     if (!same) {
       detail::fail(ErrorCode::invalid_argument,
                    "write_pt_storages_first: the final root references other storages than the provisional one");
+    }
+    for (const PickledStorage* storage : synthesized) {
+      zip.begin_record("data/" + storage->key, storage->nbytes);
+      zip.write(storage->storage->bytes().first(storage->nbytes));
+      zip.end_record();
     }
     zip.add_record("data.pkl", pickled.pickle);
     zip.add_record("byteorder", text_bytes("little"));

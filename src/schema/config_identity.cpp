@@ -192,6 +192,36 @@ Value TrainingConfig::to_value() const {
   return Value::dict(std::move(out));
 }
 
+namespace {
+
+// Files written in torch 1.13 compatible mode carry floats as 0-d float64
+// tensors (1.13's weights_only unpickler has no BINFLOAT); a configuration
+// holds no tensors, so inside one such a tensor is read back as its number.
+Value config_value(const Value& value) {
+  switch (value.kind()) {
+    case ValueKind::tensor: {
+      const TensorData& t = value.as_tensor();
+      if (t.dtype == DType::float64 && t.sizes.empty()) return Value::floating(value.as_number());
+      return value;
+    }
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      Value::List items;
+      for (const Value& item : value.as_list()) items.push_back(config_value(item));
+      return value.is_list() ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      Dict entries;
+      for (const auto& [key, item] : value.as_dict()) entries.insert(key, config_value(item));
+      return value.is_ordered_dict() ? Value::ordered_dict(std::move(entries)) : Value::dict(std::move(entries));
+    }
+    default: return value;
+  }
+}
+
+}  // namespace
+
 TrainingConfig TrainingConfig::from_value(const Value& value, const std::string& path) {
   if (!value.is_dict()) fail(ErrorCode::config_invalid, path, " is a ", value_kind_name(value.kind()), ", not a dict");
   TrainingConfig config;
@@ -203,9 +233,9 @@ TrainingConfig TrainingConfig::from_value(const Value& value, const std::string&
     for (const auto& [field, field_value] : item.as_dict()) {
       if (!field.is_string()) fail(ErrorCode::config_invalid, path, ".", key.as_string(), " has a non-str key");
       if (key.as_string() == "load_bearing") {
-        config.load_bearing(field.as_string(), field_value);
+        config.load_bearing(field.as_string(), config_value(field_value));
       } else {
-        config.operational(field.as_string(), field_value);
+        config.operational(field.as_string(), config_value(field_value));
       }
     }
   }

@@ -263,6 +263,22 @@ TEST(CheckpointManager, ASynchronousSaveFailureLeavesLatestAndThrowsAtOnce) {
   EXPECT_EQ(manager.latest()->step, 1);
 }
 
+TEST(CheckpointManager, Torch113CompatibleSavesOfAWholeStateRoundTrip) {
+  TempDir tmp;
+  TrainRun run(19);
+  CheckpointManagerOptions options = quiet(false);
+  options.torch_1_13_compatible = true;  // floats (learning rates, betas) become 0-d tensors
+  {
+    CheckpointManager manager(tmp / "run", run.trainer->state(), options);
+    run.trainer->step();
+    ASSERT_TRUE(manager.save(at_step(*run.trainer)));
+  }
+  TrainRun resumed(99);
+  CheckpointManager reader(tmp / "run", resumed.trainer->state(), quiet(false));
+  ASSERT_TRUE(reader.resume());
+  expect_bit_equal(resumed.parameters(), run.parameters());
+}
+
 TEST(CheckpointManager, ASaveOfTheStepLatestHoldsIsSkipped) {
   TempDir tmp;
   TrainRun run(7);
