@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fail.h"
+#include "io/file_descriptor.h"
 
 namespace holdpoint::io {
 
@@ -24,20 +25,6 @@ constexpr std::size_t kFirstChunkBytes = std::size_t{256} << 10;
 // Below this size a second thread costs more than it saves.
 constexpr std::size_t kThreadedHashBytes = std::size_t{8} << 20;
 constexpr std::size_t kProgressBytes = std::size_t{64} << 20;
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
 
 // Reads up to `size` bytes at `out`, retrying short reads; returns bytes read
 // (less than `size` only at end of file).

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fail.h"
+#include "io/file_descriptor.h"
 
 extern char** environ;
 
@@ -21,19 +22,7 @@ using detail::fail;
 
 namespace {
 
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
+using io::FileDescriptor;
 
 int open_or_fail(const std::filesystem::path& path, int flags) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);

@@ -1,0 +1,27 @@
+// FileDescriptor: closes a POSIX file descriptor when it goes out of scope.
+//
+// Failure contract: close errors in the destructor are ignored (use an
+// explicit close where they matter, as WritableFile::close does).
+//
+// Thread-safety: a plain owning handle; one owner at a time.
+#pragma once
+
+#include <unistd.h>
+
+namespace holdpoint::io {
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const noexcept { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace holdpoint::io
