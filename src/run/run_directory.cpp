@@ -116,7 +116,10 @@ std::string index_text(const std::map<std::int64_t, GenerationInfo>& generations
 std::map<std::string, GenerationInfo> parse_index(const std::string& text) {
   const nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) fail(ErrorCode::run_index_invalid, "index.json is not a JSON object");
-  if (json.value("schema", "") != kIndexSchema) fail(ErrorCode::run_index_invalid, "index.json: schema is not '", kIndexSchema, "'");
+  // Not json.value("schema", ""): it throws nlohmann's type_error when schema is not a string.
+  if (!json.contains("schema") || !json["schema"].is_string() || json["schema"].get<std::string>() != kIndexSchema) {
+    fail(ErrorCode::run_index_invalid, "index.json: schema is not '", kIndexSchema, "'");
+  }
   if (!json.contains("schema_version") || !json["schema_version"].is_number_integer() ||
       json["schema_version"].get<std::int64_t>() != kIndexSchemaVersion) {
     fail(ErrorCode::run_index_invalid, "index.json: schema_version is not ", kIndexSchemaVersion);
@@ -180,7 +183,8 @@ std::optional<std::int64_t> parse_generation_name(std::string_view name) noexcep
     return std::nullopt;
   }
   const std::string_view digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 19) return std::nullopt;
+  // Digits only: from_chars would take "-0000000" as step 0, a second spelling.
+  if (digits.size() > 19 || digits.front() < '0' || digits.front() > '9') return std::nullopt;
   std::int64_t step = 0;
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
   if (error != std::errc() || end != digits.data() + digits.size() || step < 0) return std::nullopt;

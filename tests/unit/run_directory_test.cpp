@@ -87,7 +87,7 @@ TEST(GenerationNames, RoundTripWithEightOrMoreDigits) {
 
 TEST(GenerationNames, OtherNamesAreNotGenerations) {
   for (const char* name : {"step-1.pt", "step-0000001.pt", "step-000000001.pt", "step-00000001.pt.sha256",
-                           "step-00000001.pth", "xstep-00000001.pt", "step--0000001.pt", "step-0000000a.pt",
+                           "step-00000001.pth", "xstep-00000001.pt", "step--0000001.pt", "step--0000000.pt", "step-0000000a.pt",
                            ".step-00000001.pt.staging-1-2", "step-+0000001.pt", "STEP-00000001.pt", ""}) {
     EXPECT_FALSE(parse_generation_name(name)) << name;
   }
