@@ -10,6 +10,28 @@
 
 namespace holdpoint::io {
 
+namespace {
+
+// Writes straight through and hashes inline (small files).
+class InlineHashingSink final : public ByteSink {
+ public:
+  explicit InlineHashingSink(WritableFile& file) : file_(file) {}
+  void write(std::span<const std::byte> bytes) override {
+    file_.write(bytes);
+    hasher_.update(bytes);
+    position_ += bytes.size();
+  }
+  std::uint64_t position() const override { return position_; }
+  Sha256Digest finish() { return hasher_.finish(); }
+
+ private:
+  WritableFile& file_;
+  Sha256 hasher_;
+  std::uint64_t position_ = 0;
+};
+
+}  // namespace
+
 bool is_staging_name(std::string_view name) noexcept {
   // Exactly what publish() creates: ".<target>.staging-<pid>-<random>".
   const auto marker = name.rfind(kStagingMarker);
@@ -43,7 +65,12 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
   }
   PublishResult result;
   try {
-    {
+    if (options.small) {
+      InlineHashingSink writer(*file);
+      write(writer);
+      result.sha256 = writer.finish();
+      result.size = writer.position();
+    } else {
       HashingWriter writer(*file);
       write(writer);
       result.sha256 = writer.finish();
@@ -72,8 +99,10 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
 
 PublishResult publish_text(Directory& directory, const std::string& target, std::string_view text,
                            const PublishOptions& options, const PublishVerifier& verify) {
+  PublishOptions small = options;
+  small.small = true;
   return publish(
-      directory, target, options,
+      directory, target, small,
       [&](ByteSink& sink) { sink.write({reinterpret_cast<const std::byte*>(text.data()), text.size()}); }, verify);
 }
 

@@ -42,6 +42,10 @@ struct PublishOptions {
   bool replace = false;
   bool durable = true;
   std::uint64_t max_bytes = std::uint64_t{256} << 30;  // bound of the verifying re-read
+  // Hash on the writing thread, without HashingWriter's blocks and thread:
+  // for small files (pointers, sidecars, indexes), where those cost more
+  // than the hashing they overlap. publish_text sets it.
+  bool small = false;
 };
 
 using PublishVerifier = std::function<void(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner)>;
