@@ -16,6 +16,7 @@
 #include <set>
 
 #include "common/fail.h"
+#include "common/utc_time.h"
 #include "holdpoint/manifest.h"
 #include "io/file_system.h"
 #include "io/publish.h"
@@ -46,14 +47,6 @@ constexpr std::int64_t kIndexSchemaVersion = 1;
 
 std::string sidecar_name(const std::string& generation) { return generation + std::string(kSidecarSuffix); }
 
-std::string utc_now() {
-  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 std::string pointer_text(const GenerationInfo& g) { return run_pointer_text(g); }
 std::string sidecar_text(const GenerationInfo& g) { return concat(g.sha256.hex(), "  ", g.name, "\n"); }
@@ -262,6 +255,8 @@ struct RunDirectory::Impl {
   RecoveryReport report;
   bool failed = false;
   int lock_fd = -1;
+  std::optional<std::pair<std::string, Sha256Digest>> latest_pointer;  // as read on open
+  std::optional<Error> latest_pointer_error;
   std::set<std::string> pending_adoption;  // generation files not yet read (newer than LATEST's)
 
   void log(const std::string& line) const {
@@ -494,14 +489,16 @@ void RunDirectory::Impl::open() {
   }
   // Files newer than the generation LATEST names are removed unread if LATEST
   // verifies; they are adopted only if recovery has to fall back to them.
-  std::optional<std::int64_t> pointer_step;
+  // LATEST is read once here; recover_pointers judges it.
   try {
     if (const auto text = read_small(*root, std::string(kLatestPointer))) {
-      pointer_step = parse_generation_name(parse_pointer(*text, kLatestPointer).first);
+      latest_pointer = parse_pointer(*text, kLatestPointer);
     }
-  } catch (const Error&) {
-    // recover_pointers reports it.
+  } catch (const Error& error) {
+    latest_pointer_error = error;
   }
+  const std::optional<std::int64_t> pointer_step =
+      latest_pointer ? parse_generation_name(latest_pointer->first) : std::nullopt;
   std::vector<std::string> bad;
   for (auto& [step, g] : present) {
     if (pointer_step && step > *pointer_step && !indexed.count(g.name)) {
@@ -542,16 +539,13 @@ void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>
                                           const std::map<std::string, GenerationInfo>& indexed) {
   const bool mutate = options.recover;
   // LATEST: verified in full, since resuming will trust it.
-  std::optional<std::pair<std::string, Sha256Digest>> pointer;
-  try {
-    if (const auto text = read_small(*root, std::string(kLatestPointer))) {
-      pointer = parse_pointer(*text, kLatestPointer);
-    } else if (!present.empty()) {
-      report.latest_problem = "missing";
-    }
-  } catch (const Error& error) {
-    if (unreadable_here(error.code()) && error.code() != ErrorCode::io_open_failed) throw;
+  const std::optional<std::pair<std::string, Sha256Digest>>& pointer = latest_pointer;
+  if (latest_pointer_error) {
+    const Error& error = *latest_pointer_error;
+    if (unreadable_here(error.code()) && error.code() != ErrorCode::io_open_failed) throw error;
     report.latest_problem = error.detail();  // a symlink (ELOOP) is a malformed pointer, not an I/O failure
+  } else if (!pointer && !present.empty()) {
+    report.latest_problem = "missing";
   }
   const auto quarantine_failed = [&](std::map<std::int64_t, GenerationInfo>::iterator it, GenerationCheck check) {
     report.damaged.push_back(std::move(check));
@@ -740,7 +734,7 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
   g.epoch = spec.epoch;
   g.kind = spec.kind;
   g.metrics = spec.metrics;
-  g.saved_at = utc_now();
+  g.saved_at = detail::utc_timestamp();
   if (d.committed.count(spec.step)) {
     fail(ErrorCode::run_generation_exists, d.path.string(), ": step ", spec.step, " is already committed as ", g.name);
   }

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "common/fail.h"
+#include "common/utc_time.h"
 #include "holdpoint/best_state.h"
 #include "holdpoint/module_state.h"
 #include "holdpoint/torch_tensor.h"
@@ -114,14 +115,6 @@ TensorData private_copy(const at::Tensor& tensor) {
                                 {nbytes ? static_cast<const std::byte*>(cpu.data_ptr()) : nullptr, nbytes});
 }
 
-std::string utc_now() {
-  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
 
 }  // namespace
 
@@ -155,7 +148,7 @@ SelectionRecord record_selection(const SelectionInfo& info, const NamedTensors& 
   record.runtime.holdpoint_version = HOLDPOINT_VERSION;
   record.runtime.libtorch_version = TORCH_VERSION;
   record.runtime.compiler = __VERSION__;
-  record.runtime.selected_at = utc_now();
+  record.runtime.selected_at = detail::utc_timestamp();
   record.runtime.intra_op_threads = at::get_num_threads();
   return record;
 }

@@ -1,5 +1,7 @@
 #include "run_directory_output.h"
 
+#include "common/utc_time.h"
+
 #include <chrono>
 #include <ctime>
 #include <iostream>
@@ -98,13 +100,6 @@ int report_error(std::ostream& out, ErrorCode code, const std::string& message) 
   return exit_code;
 }
 
-std::string utc_timestamp() {
-  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
+std::string utc_timestamp() { return detail::utc_timestamp(); }
 
 }  // namespace holdpoint::cli
