@@ -201,9 +201,19 @@ namespace holdpoint {
   X(run_step_not_increasing, "a new generation's step is not after LATEST's")                  \
   X(run_generation_missing, "a generation named by the index or a pointer is not on disk")     \
   X(run_no_generation, "the run directory has damaged generations and none that verifies; resuming from scratch is refused") \
+  X(run_shards_invalid, "a sharded generation's shard directory is missing, not a directory, or lacks a shard its step manifest names") \
   X(run_gc_refused, "retention refused to delete: an operation failed or LATEST is not verified") \
   X(export_destination_invalid, "the export destination exists and is not an empty directory") \
   X(save_invalid_request, "a save or preemption request is invalid in the current state")      \
+  /* sharded checkpoints and distributed saves (dist layer) */                                \
+  X(shard_size_mismatch, "a shard file's size differs from the size its step manifest records") \
+  X(shard_digest_mismatch, "a shard file's SHA-256 differs from the digest its step manifest records") \
+  X(shard_identity_mismatch, "a shard's own manifest names another rank, world size or step than the step manifest") \
+  X(shard_piece_conflict, "the shards' pieces of a replicated component disagree (two ranks hold one tensor, or their structure or values differ)") \
+  X(distributed_rank_failed, "another rank failed its part of a collective save or load; every rank rejects it, naming the rank and its reason") \
+  X(distributed_replicated_mismatch, "the replicated state differs in structure across ranks, so it cannot be partitioned into one copy") \
+  X(distributed_world_size_changed, "the checkpoint was saved by another number of ranks; only an unqualified resume that allows it may change the world size") \
+  X(distributed_cursor_uneven, "the saved ranks' sampler cursors differ, so the global position cannot be reassigned to a new world size") \
   /* resume verification (verify layer) */                                                    \
   X(resume_output_exists, "the verification's output directory already exists")               \
   X(resume_trainer_unavailable, "the trainer program does not exist or is not executable")    \

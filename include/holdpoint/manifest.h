@@ -8,6 +8,16 @@
 //   components {name: {sha256, contract}}, versions {holdpoint, libtorch,
 //   compiler}, code_identity, data_identity, last_resume_drift (None or
 //   {field, from, to, at_step}).
+// Sharded checkpoints (docs/distributed.md) add two kinds and one field:
+//   kind "sharded"  the step manifest of a multi-rank generation. It holds no
+//                   component states; "sharding" = {world_size, step,
+//                   replicated: [names], rank_local: [names], shards: [{rank,
+//                   size, sha256}]}. Its "components" are empty: each shard's
+//                   own manifest carries the digests of what it holds.
+//   kind "shard"    one rank's file; "sharding" = {world_size, step, rank}.
+//   Shard files live beside the step manifest, at
+//   step-<8+ digits>.shards/rank-<5 digits>.pt; names are derived, never read
+//   from the file. Other kinds have no "sharding" field.
 // Reading fails closed: a missing field is schema_field_missing, an unknown one
 // schema_field_unknown, a wrong type or value schema_field_invalid, each naming
 // the field; another schema or version is schema_version_unsupported.
@@ -36,7 +46,7 @@ inline constexpr std::int64_t kCheckpointSchemaVersion = 1;
 inline constexpr std::string_view kCheckpointSchema = "holdpoint.checkpoint";
 inline constexpr std::string_view kManifestKey = "holdpoint";
 
-enum class CheckpointKind : std::uint8_t { resume, model, selection };
+enum class CheckpointKind : std::uint8_t { resume, model, selection, sharded, shard };
 std::string_view checkpoint_kind_name(CheckpointKind kind) noexcept;
 
 struct ResumeDrift {
@@ -52,6 +62,22 @@ struct ComponentRecord {
   Value contract;
 };
 
+struct ShardRecord {
+  std::int64_t rank = 0;
+  std::uint64_t size = 0;
+  Sha256Digest sha256;
+};
+
+// What a step manifest or a shard says about the generation's sharding.
+struct Sharding {
+  std::int64_t world_size = 1;
+  std::int64_t step = 0;
+  std::int64_t rank = 0;                   // kind shard only
+  std::vector<std::string> replicated;     // kind sharded only: partitioned across the shards
+  std::vector<std::string> rank_local;     // kind sharded only: one state per shard
+  std::vector<ShardRecord> shards;         // kind sharded only: one per rank, by rank
+};
+
 struct Manifest {
   CheckpointKind kind = CheckpointKind::resume;
   std::string semantic_identity;
@@ -64,6 +90,7 @@ struct Manifest {
   std::string code_identity;
   std::string data_identity;
   std::optional<ResumeDrift> last_resume_drift;
+  std::optional<Sharding> sharding;  // exactly for kinds sharded and shard
 
   const ComponentRecord* component(const std::string& name) const;
 

@@ -11,6 +11,14 @@
 //   cuda-single-device-v1         the first CUDA device, deterministic algorithms on,
 //                                 no loader workers, not distributed, every visible
 //                                 CUDA generator registered.
+//   cpu-gloo-ddp-v1               data-parallel over a c10d process group (Gloo on CPU):
+//                                 CPU only, no loader workers, holdpoint's
+//                                 DistributedSampler, the CPU generator registered and
+//                                 the registry saved per rank (each rank's own
+//                                 explicit generators), no external randomness; on
+//                                 load also the same world size as the checkpoint
+//                                 (checked by DistributedCheckpointer). A changed world
+//                                 size resumes only as unqualified (docs/distributed.md).
 //   unqualified                   no preconditions and no deterministic-resume claim.
 //
 // What no profile covers (and why a run that uses them must be unqualified):
@@ -33,6 +41,7 @@ enum class ResumeProfile : std::uint8_t {
   cpu_basic_v1,
   cpu_shuffled_singleworker_v1,
   cuda_single_device_v1,
+  cpu_gloo_ddp_v1,
   unqualified,
 };
 
@@ -48,6 +57,8 @@ struct ProfileFacts {
   bool deterministic_algorithms = false;
   int loader_workers = 0;
   bool distributed = false;
+  std::int64_t world_size = 1;        // ranks of the process group (distributed only)
+  bool rank_local_generators = false;  // the registry is saved per rank (distributed only)
   bool external_randomness = false;  // declared by the caller
   bool cpu_generator_registered = false;
   bool all_cuda_generators_registered = false;

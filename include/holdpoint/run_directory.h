@@ -6,6 +6,9 @@
 //     LATEST                               "step-00000005.pt <sha256>\n"
 //     BEST                                 the same, for the best metric
 //     index.json                           step, epoch, kind, size, sha256, time, metrics
+//     checkpoints/step-00000005.shards/    a sharded generation's shard files; the
+//                                          .pt is then its step manifest
+//                                          (holdpoint/sharded_checkpoint.h)
 //
 // Commit (commit()): the generation is published through io::publish (staged,
 // hashed, fsynced, read back and verified, renamed without overwriting, the
@@ -20,7 +23,8 @@
 // run_directory_locked) and recovers: stale staging files and orphaned
 // sidecars are removed; LATEST is read and its generation
 // verified (size, SHA-256 against pointer, sidecar and index, bounded parse,
-// manifest schema); generations newer than a verified LATEST are uncommitted
+// manifest schema, and for a sharded generation every shard's size, SHA-256
+// and content); generations newer than a verified LATEST are uncommitted
 // leftovers of an interrupted save and are removed; a missing or damaged
 // LATEST falls back to the newest generation that verifies (LATEST is
 // rewritten); index entries without a file are dropped and generation files
@@ -88,6 +92,9 @@ struct GenerationInfo {
   Sha256Digest sha256;
   std::string saved_at;  // UTC, ISO 8601; empty when re-adopted without an index entry
   std::vector<std::pair<std::string, double>> metrics;
+  // Ranks that wrote a sharded generation (docs/distributed.md); 0 for a
+  // single-file generation or one re-adopted without its index entry.
+  std::int64_t world_size = 0;
 
   std::optional<double> metric(std::string_view metric_name) const;
 };
@@ -143,6 +150,10 @@ struct RunDirectoryOptions {
   bool durable = true;                    // fsync files and directories
   Limits limits;                          // bounds of every verifying read
   std::function<void(const std::string&)> log;  // recovery and retention messages
+  // Test instrumentation: called inside commit() with "published" once the
+  // generation file and its sidecar are durable, before index.json and LATEST
+  // move (crash tests kill the process there).
+  std::function<void(std::string_view stage)> commit_observer;
 };
 
 // What a commit writes besides the bytes.
@@ -151,6 +162,7 @@ struct GenerationSpec {
   std::int64_t epoch = 0;
   std::string kind = "resume";
   std::vector<std::pair<std::string, double>> metrics;
+  std::int64_t world_size = 0;  // set by sharded commits
 };
 
 struct CommitResult {
@@ -192,6 +204,17 @@ class RunDirectory {
   // (run_generation_exists). On failure before LATEST moved, LATEST, BEST
   // and the committed generations are untouched.
   CommitResult commit(const GenerationSpec& spec, const Writer& write, const Verifier& verify = {});
+
+  // Sharded generations (holdpoint/distributed.h): creates the empty
+  // directory checkpoints/step-<N>.shards/ for the ranks to publish their
+  // shards into and returns its path; a leftover of an uncommitted earlier
+  // attempt at this step is removed first. A committed step is refused
+  // (run_generation_exists). The step manifest is then committed with
+  // commit(); recovery removes a shard directory without a committed
+  // manifest, and retention removes it with its manifest (manifest first).
+  std::filesystem::path prepare_shard_directory(std::int64_t step);
+  // Removes an uncommitted step's shard directory (after a failed save).
+  void discard_shard_directory(std::int64_t step);
 
   // Reads a generation into private memory against its recorded digest and
   // parses it with the restricted reader.

@@ -26,7 +26,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "holdpoint/component.h"
 
@@ -146,6 +148,63 @@ class StatefulSampler final : public Sampler {
   StatefulSamplerProtocol& sampler_;
   std::int64_t epoch_ = 0;
 };
+
+// Data-parallel sampling (docs/distributed.md). Every rank draws the same
+// permutation of 0..n-1 for an epoch from (seed, epoch) alone (a SplitMix64
+// Fisher-Yates shuffle, the same on every platform, no generator state to
+// save) and yields the positions start + rank, start + rank + world_size, ...
+// of it. `start` is the global position at which this world began the epoch:
+// 0, or where a resume with another world size took over. The ranks of one
+// world together consume each index of an epoch exactly once.
+//
+// State: {"kind": "distributed", "num_samples", "seed", "epoch",
+// "world_size", "rank", "start", "cursor"}; cursor counts the indices this
+// rank yielded since `start`. validate_state requires the live sampler's
+// kind, num_samples and seed (state_structure_mismatch) and its world size
+// and rank (state_value_invalid; reassign a state for another world with
+// reassign_distributed_sampler_state first).
+class DistributedSampler final : public Sampler {
+ public:
+  DistributedSampler(std::int64_t num_samples, std::uint64_t seed, std::int64_t world_size, std::int64_t rank);
+
+  const std::string& kind() const override;
+  std::int64_t num_samples() const override { return num_samples_; }
+  std::optional<std::int64_t> next() override;
+  std::int64_t epoch() const override { return epoch_; }
+  void start_epoch(std::int64_t epoch) override;
+  std::int64_t remaining() const override;
+
+  std::int64_t world_size() const noexcept { return world_size_; }
+  std::int64_t rank() const noexcept { return rank_; }
+  std::int64_t start() const noexcept { return start_; }
+  std::int64_t cursor() const noexcept { return cursor_; }
+  // The epoch's permutation, as every rank draws it.
+  static std::vector<std::int64_t> permutation(std::int64_t num_samples, std::uint64_t seed, std::int64_t epoch);
+
+  Value capture_state(CaptureMode mode) const override;
+  void validate_state(const Value& state) const override;
+  void apply_state(const Value& state) override;
+
+ private:
+  std::int64_t num_samples_;
+  std::uint64_t seed_;
+  std::int64_t world_size_;
+  std::int64_t rank_;
+  std::int64_t epoch_ = 0;
+  std::int64_t start_ = 0;
+  std::int64_t cursor_ = 0;
+  std::vector<std::int64_t> order_;
+};
+
+// The world-size-change rule: `saved` holds the sampler state of every rank
+// of the saved world (rank order). They must agree on kind, num_samples,
+// seed, epoch and start and have equal cursors (ranks step in lockstep;
+// otherwise distributed_cursor_uneven): the world consumed exactly the
+// positions before start + cursor x old world size. The result continues
+// the same epoch for `new_rank` of `new_world` from that position, with
+// cursor 0, so no index is skipped or repeated.
+Value reassign_distributed_sampler_state(std::span<const Value* const> saved, std::int64_t new_rank,
+                                         std::int64_t new_world);
 
 // A Sampler as the checkpoint component "sampler".
 class SamplerState final : public Component {

@@ -59,6 +59,10 @@ class UnsafeCheckpointLoadUnavailable : public Error {
 struct TrainingEnvironment {
   int loader_workers = 0;
   bool distributed = false;
+  // Set by DistributedCheckpointer (holdpoint/distributed.h): the process
+  // group's size, and whether the generator registry ("rng") is rank-local.
+  std::int64_t world_size = 1;
+  bool rank_local_generators = false;
   // Anything random outside the registry (Python's random, NumPy, wall clock
   // used as a seed, network input). Forces the unqualified profile.
   bool external_randomness = false;
@@ -74,6 +78,22 @@ struct CheckpointSaveOptions {
 struct CheckpointLoadOptions {
   Limits limits;
   std::optional<std::string> expected_sha256;
+};
+
+// How load_parsed_checkpoint treats a mapping another layer assembled (the
+// sharded loader of holdpoint/distributed.h).
+struct ParsedLoadOptions {
+  // Compare each component with the digest and contract its manifest
+  // records. Off only when the caller verified the bytes another way (each
+  // shard against its own manifest and the step manifest's digests).
+  bool check_component_records = true;
+  // Called after every check passed and before the first component is
+  // applied; a throw rejects the load with nothing changed (the ranks'
+  // collective agreement).
+  std::function<void()> before_apply;
+  // Accept a checkpoint of another profile when the live profile is
+  // unqualified (a world-size change); the profile is then not load-bearing.
+  bool allow_unqualified_profile_change = false;
 };
 
 enum class ResumeQualification : std::uint8_t {
@@ -107,6 +127,12 @@ class ByteSink;
 // CheckpointManager) they live in staging memory of their own.
 class PreparedCheckpoint {
  public:
+  PreparedCheckpoint() = default;
+  // A checkpoint of given states under `manifest` (its component records are
+  // filled in while writing): the shards of holdpoint/distributed.h.
+  PreparedCheckpoint(Manifest manifest, std::vector<std::pair<std::string, Value>> states,
+                     bool torch_1_13_compatible)
+      : manifest_(std::move(manifest)), states_(std::move(states)), torch_1_13_compatible_(torch_1_13_compatible) {}
   // Streams the checkpoint file into `sink` (tensor records first, the
   // manifest with per-component digests last); fills the counts of the result.
   SaveResult write(io::ByteSink& sink) const;
@@ -146,6 +172,7 @@ class TrainingState {
 
   Component* component(const std::string& name) const;
   const TrainingConfig& config() const noexcept { return config_; }
+  const TrainingEnvironment& environment() const noexcept { return environment_; }
   ResumeProfile profile() const noexcept { return profile_; }
   // The profile-relevant facts derived from the components and the environment.
   ProfileFacts profile_facts() const;
@@ -159,7 +186,8 @@ class TrainingState {
   LoadReport load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   // load_checkpoint on a mapping already read and parsed by the restricted
   // reader (RunDirectory::load); `path` labels the report and errors.
-  LoadReport load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path);
+  LoadReport load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
+                                    const ParsedLoadOptions& options = {});
   LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   LoadReport load_trusted_checkpoint(const std::filesystem::path& path);
 

@@ -147,6 +147,8 @@ ProfileFacts TrainingState::profile_facts() const {
   ProfileFacts facts;
   facts.loader_workers = environment_.loader_workers;
   facts.distributed = environment_.distributed;
+  facts.world_size = environment_.world_size;
+  facts.rank_local_generators = environment_.rank_local_generators;
   facts.external_randomness = environment_.external_randomness;
   for (const Component* c : components_) c->describe(facts);
   facts.sampler_generator_registered =
@@ -290,7 +292,8 @@ LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, con
   return load_parsed_checkpoint(read_untrusted(path, options), path);
 }
 
-LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path) {
+LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
+                                                 const ParsedLoadOptions& options) {
   LoadReport report;
   report.path = path;
   report.sha256 = mapping.sha256;
@@ -317,11 +320,17 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
     report.profile = manifest.profile;
     // The profile's preconditions must hold for the setup about to continue
     // the run, before anything relies on the profile's claim.
-    check_profile(*file_profile, profile_facts());
+    if (!(options.allow_unqualified_profile_change && profile_ == ResumeProfile::unqualified)) {
+      check_profile(*file_profile, profile_facts());
+    }
 
     const ConfigComparison comparison =
         compare_configs(manifest.config, effective_config(config_, semantic_identity_, profile_));
     std::vector<std::string> drifted = comparison.drifted;
+    if (options.allow_unqualified_profile_change && profile_ == ResumeProfile::unqualified) {
+      // The saved profile's claim is dropped, not relied on: it stops being load-bearing.
+      std::erase_if(drifted, [](const std::string& field) { return field == "profile"; });
+    }
     if (comparison.max_epochs && comparison.max_epochs->live < comparison.max_epochs->saved) {
       drifted.push_back(detail::concat("max_epochs (", comparison.max_epochs->saved, " -> ",
                                        comparison.max_epochs->live, ": may grow, not shrink)"));
@@ -352,6 +361,7 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
 
     StorageDigests digests;
     for (const Component* c : components_) {
+      if (!options.check_component_records) break;
       const Value& state = root.as_dict().at(c->name());
       const ComponentRecord& record = *manifest.component(c->name());
       if (component_digest(state, digests) != record.sha256) {
@@ -375,6 +385,7 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
       }
       report.drift = ResumeDrift{"max_epochs", comparison.max_epochs->saved, comparison.max_epochs->live, step};
     }
+    if (options.before_apply) options.before_apply();
     report = apply_transactionally(root, std::move(report));
     // The accepted extension is part of the run's history from now on.
     if (report.drift) pending_drift_ = report.drift;

@@ -67,6 +67,9 @@ class Directory {
   virtual void rename(const std::string& from, const std::string& to, bool replace) = 0;
   virtual void link(const std::string& from, const std::string& to) = 0;
   virtual void unlink(const std::string& name) = 0;
+  // Removes the empty subdirectory `name` (rmdir); a symlink or file in its
+  // place, or a non-empty directory, fails with io_write_failed.
+  virtual void remove_directory(const std::string& name) = 0;
   virtual std::vector<std::string> list() = 0;
   virtual std::optional<FileInfo> stat(const std::string& name) = 0;
   // fsync of the directory itself, which makes creations, renames and

@@ -117,6 +117,12 @@ class PosixDirectory final : public Directory {
     if (::unlinkat(fd_, name.c_str(), 0) != 0) fail_errno(ErrorCode::io_write_failed, path_ / name, "unlink", errno);
   }
 
+  void remove_directory(const std::string& name) override {
+    if (::unlinkat(fd_, name.c_str(), AT_REMOVEDIR) != 0) {
+      fail_errno(ErrorCode::io_write_failed, path_ / name, "rmdir", errno);
+    }
+  }
+
   std::vector<std::string> list() override {
     const int copy = ::dup(fd_);
     if (copy < 0) fail_errno(ErrorCode::io_read_failed, path_, "dup", errno);

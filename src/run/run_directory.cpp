@@ -18,6 +18,7 @@
 #include "common/fail.h"
 #include "common/utc_time.h"
 #include "holdpoint/manifest.h"
+#include "holdpoint/sharded_checkpoint.h"
 #include "io/file_system.h"
 #include "io/publish.h"
 
@@ -98,6 +99,7 @@ nlohmann::json index_json(const std::map<std::int64_t, GenerationInfo>& generati
                     {"sha256", g.sha256.hex()},
                     {"saved_at", g.saved_at},
                     {"metrics", std::move(metrics)}});
+    if (g.world_size > 0) list.back()["world_size"] = g.world_size;
   }
   return {{"schema", kIndexSchema}, {"schema_version", kIndexSchemaVersion}, {"generations", std::move(list)}};
 }
@@ -146,6 +148,13 @@ std::map<std::string, GenerationInfo> parse_index(const std::string& text) {
     for (const auto& [name, value] : metrics.items()) {
       if (!value.is_number()) fail(ErrorCode::run_index_invalid, where, ".metrics.", name, " is not a number");
       g.metrics.emplace_back(name, value.get<double>());
+    }
+    if (entry.contains("world_size")) {
+      const auto& world = entry["world_size"];
+      if (!world.is_number_integer() || world.get<std::int64_t>() < 1) {
+        fail(ErrorCode::run_index_invalid, where, ".world_size is not a positive integer");
+      }
+      g.world_size = world.get<std::int64_t>();
     }
     if (parse_generation_name(g.name) != g.step) {
       fail(ErrorCode::run_index_invalid, where, ": name '", g.name, "' does not match step ", g.step);
@@ -213,7 +222,10 @@ std::vector<std::string> RecoveryReport::lines() const {
   const std::string verb = read_only ? "would remove" : "removed";
   std::vector<std::string> out;
   for (const auto& name : removed_staging) out.push_back(concat(verb, " stale staging file ", name));
-  for (const auto& name : removed_uncommitted) out.push_back(concat(verb, " uncommitted generation ", name, " (newer than LATEST)"));
+  for (const auto& name : removed_uncommitted) {
+    out.push_back(name.ends_with("/") ? concat(verb, " shard directory ", name, " (no committed step manifest)")
+                                      : concat(verb, " uncommitted generation ", name, " (newer than LATEST)"));
+  }
   for (const auto& check : damaged) {
     out.push_back(concat("generation ", check.name, " does not verify (",
                          check.code ? error_code_name(*check.code) : "unknown", "): ", check.detail));
@@ -233,12 +245,21 @@ std::vector<std::string> RecoveryReport::lines() const {
   return out;
 }
 
-void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
-                             const Limits& limits) {
+namespace {
+
+Manifest read_generation_manifest(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
+                                  const Limits& limits) {
   const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, limits);
   const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
   if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
-  Manifest::from_value(*manifest);
+  return Manifest::from_value(*manifest);
+}
+
+}  // namespace
+
+void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
+                             const Limits& limits) {
+  read_generation_manifest(bytes, owner, limits);
 }
 
 // ---- RunDirectory ------------------------------------------------------------------------
@@ -258,6 +279,7 @@ struct RunDirectory::Impl {
   std::optional<std::pair<std::string, Sha256Digest>> latest_pointer;  // as read on open
   std::optional<Error> latest_pointer_error;
   std::set<std::string> pending_adoption;  // generation files not yet read (newer than LATEST's)
+  std::map<std::int64_t, std::string> shard_directories;  // found on open
 
   void log(const std::string& line) const {
     if (options.log) options.log(line);
@@ -298,6 +320,22 @@ struct RunDirectory::Impl {
     verify_generation_bytes(bytes, owner, options.limits);
   }
 
+  // verify_bytes, and for a step manifest every shard it names.
+  void verify_content(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) const {
+    const Manifest manifest = read_generation_manifest(bytes, owner, options.limits);
+    if (manifest.kind == CheckpointKind::sharded) verify_shards(*checkpoints, manifest, options.limits);
+  }
+
+  // Removes checkpoints/<name>/ and the files in it (shard directories hold
+  // only shard and staging files).
+  void remove_tree(const std::string& name) {
+    {
+      auto directory = checkpoints->open_subdirectory(name, false);
+      for (const auto& entry : directory->list()) directory->unlink(entry);
+    }
+    checkpoints->remove_directory(name);
+  }
+
   // Full verification of a recorded generation: sidecar, size, SHA-256,
   // bounded parse, manifest. Failures of the content come back as a failed
   // check; failures to read it at all (I/O, limits, a newer schema) are
@@ -322,7 +360,7 @@ struct RunDirectory::Impl {
         fail(ErrorCode::file_changed_during_read, "checkpoints/", g.name, " holds ", snapshot.buffer->size(),
              " bytes; ", g.size, " were recorded");
       }
-      verify_bytes(snapshot.buffer->bytes(), snapshot.buffer);
+      verify_content(snapshot.buffer->bytes(), snapshot.buffer);
       result.ok = true;
     } catch (const Error& error) {
       if (unreadable_throws && unreadable_here(error.code())) {
@@ -352,7 +390,7 @@ struct RunDirectory::Impl {
         fail(ErrorCode::sha256_mismatch, "checkpoints/", g.name, " hashes to ", g.sha256.hex(), "; its sidecar says ",
              sidecar_digest->hex());
       }
-      verify_bytes(snapshot.buffer->bytes(), snapshot.buffer);
+      verify_content(snapshot.buffer->bytes(), snapshot.buffer);
       result.ok = true;
     } catch (const Error& error) {
       if (unreadable_here(error.code())) {
@@ -375,9 +413,18 @@ struct RunDirectory::Impl {
       aside = concat(name, kDamagedSuffix, "-", n);
     }
     report.quarantined.push_back(aside);
+    // A sharded generation's shards go aside with it, under the same suffix.
+    const auto step = parse_generation_name(name);
+    const std::string shards = step ? shard_directory_name(*step) : std::string();
+    const std::string shards_aside = shards + aside.substr(name.size());
+    const auto shards_info = step ? checkpoints->stat(shards) : std::nullopt;
+    const bool move_shards =
+        shards_info && shards_info->type == io::FileInfo::Type::directory && !checkpoints->stat(shards_aside);
+    if (move_shards) report.quarantined.push_back(shards_aside);
     if (!options.recover) return;
     checkpoints->rename(name, aside, false);
     if (checkpoints->stat(sidecar_name(name))) checkpoints->rename(sidecar_name(name), aside + std::string(kSidecarSuffix), false);
+    if (move_shards) checkpoints->rename(shards, shards_aside, false);
   }
 
   void lock();
@@ -449,6 +496,8 @@ void RunDirectory::Impl::open() {
         g.step = *step;
         g.size = stat->size;
         present.emplace(*step, std::move(g));
+      } else if (const auto shard_step = parse_shard_directory_name(name)) {
+        shard_directories.emplace(*shard_step, name);
       } else if (name.ends_with(kSidecarSuffix) && parse_generation_name(name.substr(0, name.size() - kSidecarSuffix.size()))) {
         sidecars.insert(name);
       } else if (name.find(kDamagedSuffix) != std::string::npos && parse_generation_name(name.substr(0, name.find(kDamagedSuffix)))) {
@@ -619,9 +668,30 @@ void RunDirectory::Impl::recover_pointers(std::map<std::int64_t, GenerationInfo>
     checkpoints->sync();
   }
   committed = std::move(present);
+  // Shard directories without a committed step manifest: an interrupted
+  // sharded save (or retention interrupted after the manifest went).
+  bool removed_shards = false;
+  for (const auto& [step, name] : shard_directories) {
+    if (committed.count(step)) continue;
+    const std::string manifest = generation_name(step);
+    if (std::any_of(report.quarantined.begin(), report.quarantined.end(),
+                    [&](const std::string& q) { return q.starts_with(manifest); })) {
+      continue;  // moved aside with its damaged manifest
+    }
+    const auto info = checkpoints->stat(name);
+    if (!info) continue;  // quarantined with its manifest
+    if (info->type != io::FileInfo::Type::directory) continue;  // not ours to follow or delete
+    report.removed_uncommitted.push_back(name + "/");
+    if (mutate) {
+      remove_tree(name);
+      removed_shards = true;
+    }
+  }
+  if (removed_shards) checkpoints->sync();
   report.index_rewritten = (report.index_problem && !committed.empty()) || !report.adopted.empty() ||
-                           !report.dropped_from_index.empty() || !report.removed_uncommitted.empty() ||
-                           !report.damaged.empty();
+                           !report.dropped_from_index.empty() || !report.damaged.empty() ||
+                           std::any_of(report.removed_uncommitted.begin(), report.removed_uncommitted.end(),
+                                       [](const std::string& n) { return !n.ends_with("/"); });
   if (latest) report.latest = committed.at(*latest).name;
 
   // BEST: must name a committed generation with the same digest.
@@ -734,6 +804,7 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
   g.epoch = spec.epoch;
   g.kind = spec.kind;
   g.metrics = spec.metrics;
+  g.world_size = spec.world_size;
   g.saved_at = detail::utc_timestamp();
   if (d.committed.count(spec.step)) {
     fail(ErrorCode::run_generation_exists, d.path.string(), ": step ", spec.step, " is already committed as ", g.name);
@@ -768,6 +839,7 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     g.size = published_file.size;
     g.sha256 = published_file.sha256;
     io::publish_text(dir, sidecar_name(g.name), sidecar_text(g), d.publish_options(true));
+    if (d.options.commit_observer) d.options.commit_observer("published");
     auto next = d.committed;
     next.emplace(g.step, g);
     io::publish_text(*d.root, std::string(kRunIndex), index_text(next), d.publish_options(true));
@@ -835,6 +907,42 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     }
   }
   return result;
+}
+
+std::filesystem::path RunDirectory::prepare_shard_directory(std::int64_t step) {
+  Impl& d = *impl_;
+  if (d.report.read_only) fail(ErrorCode::invalid_argument, d.path.string(), " was opened read-only (recover = false)");
+  const std::string name = shard_directory_name(step);
+  if (d.committed.count(step)) {
+    fail(ErrorCode::run_generation_exists, d.path.string(), ": step ", step, " is already committed");
+  }
+  try {
+    io::Directory& dir = d.checkpoints_dir();
+    if (const auto info = dir.stat(name)) {
+      if (info->type != io::FileInfo::Type::directory) {
+        fail(ErrorCode::run_shards_invalid, "checkpoints/", name, " exists and is not a directory (never followed)");
+      }
+      d.remove_tree(name);
+    }
+    dir.open_subdirectory(name, true);
+  } catch (const Error& error) {
+    d.rethrow_with_run(error);
+  }
+  return d.path / kCheckpointsDirectory / name;
+}
+
+void RunDirectory::discard_shard_directory(std::int64_t step) {
+  Impl& d = *impl_;
+  if (d.report.read_only || d.committed.count(step) || !d.checkpoints) return;
+  const std::string name = shard_directory_name(step);
+  try {
+    if (const auto info = d.checkpoints->stat(name); info && info->type == io::FileInfo::Type::directory) {
+      d.remove_tree(name);
+      if (d.options.durable) d.checkpoints->sync();
+    }
+  } catch (const Error& error) {
+    d.rethrow_with_run(error);
+  }
 }
 
 LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
@@ -916,6 +1024,9 @@ std::vector<std::string> RunDirectory::collect_garbage(const RetentionPolicy& po
     for (const auto& name : plan.remove) {
       dir.unlink(name);
       if (dir.stat(sidecar_name(name))) dir.unlink(sidecar_name(name));
+      // The manifest went first: a crash here leaves shards recovery removes.
+      const std::string shards = shard_directory_name(*parse_generation_name(name));
+      if (const auto info = dir.stat(shards); info && info->type == io::FileInfo::Type::directory) d.remove_tree(shards);
       d.log(concat(d.path.string(), ": retention removed ", name));
     }
     if (d.options.durable) dir.sync();

@@ -1,5 +1,6 @@
 #include "holdpoint/manifest.h"
 
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 
@@ -14,6 +15,8 @@ std::string_view checkpoint_kind_name(CheckpointKind kind) noexcept {
     case CheckpointKind::resume: return "resume";
     case CheckpointKind::model: return "model";
     case CheckpointKind::selection: return "selection";
+    case CheckpointKind::sharded: return "sharded";
+    case CheckpointKind::shard: return "shard";
   }
   return "unknown";
 }
@@ -39,10 +42,13 @@ class ManifestFields {
 
   // Every key must be one of `known` (schema_field_unknown) and every key of
   // `required` present (schema_field_missing).
-  void check_keys(std::initializer_list<std::string_view> known) const {
+  // `optional` keys may be present too.
+  void check_keys(std::initializer_list<std::string_view> known,
+                  std::initializer_list<std::string_view> optional = {}) const {
     for (const auto& [key, value] : *dict_) {
       bool found = false;
       for (auto name : known) found = found || (key.is_string() && key.as_string() == name);
+      for (auto name : optional) found = found || (key.is_string() && key.as_string() == name);
       if (!found) fail(ErrorCode::schema_field_unknown, path_, " has an unknown field ", key.to_string());
     }
     for (auto name : known) {
@@ -85,6 +91,73 @@ const std::initializer_list<std::string_view> kTopFields = {
     "schema",     "schema_version", "kind",       "semantic_identity", "profile",         "config", "config_identity",
     "components", "versions",       "code_identity", "data_identity", "last_resume_drift"};
 
+// Bounds that keep a hostile manifest from asking for absurd work.
+constexpr std::int64_t kMaxWorldSize = 1 << 16;
+
+std::vector<std::string> read_names(const ManifestFields& fields, std::string_view key) {
+  const Value& value = fields.get(key);
+  if (!value.is_list()) fields.invalid(key, "a list", value);
+  std::vector<std::string> names;
+  for (const Value& item : value.as_list()) {
+    if (!item.is_string()) fields.invalid(key, "a list of str", item);
+    if (std::find(names.begin(), names.end(), item.as_string()) != names.end()) {
+      fail(ErrorCode::schema_field_invalid, fields.path_of(key), " names '", item.as_string(), "' twice");
+    }
+    names.push_back(item.as_string());
+  }
+  return names;
+}
+
+Sharding read_sharding(const Value& value, CheckpointKind kind, const std::string& path) {
+  const ManifestFields fields(value, path);
+  Sharding sharding;
+  if (kind == CheckpointKind::shard) {
+    fields.check_keys({"world_size", "step", "rank"});
+  } else {
+    fields.check_keys({"world_size", "step", "replicated", "rank_local", "shards"});
+  }
+  sharding.world_size = fields.integer("world_size");
+  sharding.step = fields.integer("step");
+  if (sharding.world_size < 1 || sharding.world_size > kMaxWorldSize) {
+    fail(ErrorCode::schema_field_invalid, path, ".world_size is ", sharding.world_size, "; it must be in 1..",
+         kMaxWorldSize);
+  }
+  if (sharding.step < 0) fail(ErrorCode::schema_field_invalid, path, ".step is negative");
+  if (kind == CheckpointKind::shard) {
+    sharding.rank = fields.integer("rank");
+    if (sharding.rank < 0 || sharding.rank >= sharding.world_size) {
+      fail(ErrorCode::schema_field_invalid, path, ".rank is ", sharding.rank, ", outside 0..", sharding.world_size - 1);
+    }
+    return sharding;
+  }
+  sharding.replicated = read_names(fields, "replicated");
+  sharding.rank_local = read_names(fields, "rank_local");
+  for (const auto& name : sharding.rank_local) {
+    if (std::find(sharding.replicated.begin(), sharding.replicated.end(), name) != sharding.replicated.end()) {
+      fail(ErrorCode::schema_field_invalid, path, " lists '", name, "' as both replicated and rank-local");
+    }
+  }
+  const Value& shards = fields.get("shards");
+  if (!shards.is_list()) fields.invalid("shards", "a list", shards);
+  if (static_cast<std::int64_t>(shards.as_list().size()) != sharding.world_size) {
+    fail(ErrorCode::schema_field_invalid, path, ".shards has ", shards.as_list().size(), " records for a world of ",
+         sharding.world_size);
+  }
+  for (std::size_t i = 0; i < shards.as_list().size(); ++i) {
+    const ManifestFields record(shards.as_list()[i], detail::concat(path, ".shards[", i, "]"));
+    record.check_keys({"rank", "size", "sha256"});
+    ShardRecord shard{record.integer("rank"), 0, record.digest("sha256")};
+    if (shard.rank != static_cast<std::int64_t>(i)) {
+      fail(ErrorCode::schema_field_invalid, path, ".shards[", i, "].rank is ", shard.rank, "; records are by rank");
+    }
+    const std::int64_t size = record.integer("size");
+    if (size <= 0) fail(ErrorCode::schema_field_invalid, path, ".shards[", i, "].size is ", size);
+    shard.size = static_cast<std::uint64_t>(size);
+    sharding.shards.push_back(shard);
+  }
+  return sharding;
+}
+
 }  // namespace
 
 Value Manifest::to_value() const {
@@ -124,6 +197,32 @@ Value Manifest::to_value() const {
   out.insert("code_identity", Value::string(code_identity));
   out.insert("data_identity", Value::string(data_identity));
   out.insert("last_resume_drift", drift);
+  if (sharding) {
+    Dict entry;
+    entry.insert("world_size", Value::integer(sharding->world_size));
+    entry.insert("step", Value::integer(sharding->step));
+    if (kind == CheckpointKind::shard) {
+      entry.insert("rank", Value::integer(sharding->rank));
+    } else {
+      const auto names = [](const std::vector<std::string>& list) {
+        Value::List items;
+        for (const auto& name : list) items.push_back(Value::string(name));
+        return Value::list(std::move(items));
+      };
+      entry.insert("replicated", names(sharding->replicated));
+      entry.insert("rank_local", names(sharding->rank_local));
+      Value::List shards;
+      for (const auto& shard : sharding->shards) {
+        Dict record;
+        record.insert("rank", Value::integer(shard.rank));
+        record.insert("size", Value::integer(static_cast<std::int64_t>(shard.size)));
+        record.insert("sha256", Value::string(shard.sha256.hex()));
+        shards.push_back(Value::dict(std::move(record)));
+      }
+      entry.insert("shards", Value::list(std::move(shards)));
+    }
+    out.insert("sharding", Value::dict(std::move(entry)));
+  }
   return Value::dict(std::move(out));
 }
 
@@ -145,7 +244,7 @@ Manifest Manifest::from_value(const Value& value) {
     fail(ErrorCode::schema_version_unsupported, kManifestKey, ".schema_version is ", top.integer("schema_version"),
          "; this build reads version ", kCheckpointSchemaVersion);
   }
-  top.check_keys(kTopFields);
+  top.check_keys(kTopFields, {"sharding"});
 
   Manifest manifest;
   const std::string kind = top.string("kind");
@@ -155,8 +254,13 @@ Manifest Manifest::from_value(const Value& value) {
     manifest.kind = CheckpointKind::model;
   } else if (kind == "selection") {
     manifest.kind = CheckpointKind::selection;
+  } else if (kind == "sharded") {
+    manifest.kind = CheckpointKind::sharded;
+  } else if (kind == "shard") {
+    manifest.kind = CheckpointKind::shard;
   } else {
-    fail(ErrorCode::schema_field_invalid, kManifestKey, ".kind is '", kind, "', not resume, model or selection");
+    fail(ErrorCode::schema_field_invalid, kManifestKey, ".kind is '", kind,
+         "', not resume, model, selection, sharded or shard");
   }
   manifest.semantic_identity = top.string("semantic_identity");
   manifest.profile = top.string("profile");
@@ -202,6 +306,14 @@ Manifest Manifest::from_value(const Value& value) {
     manifest.last_resume_drift = ResumeDrift{fields.string("field"), fields.integer("from"), fields.integer("to"),
                                              fields.integer("at_step")};
   }
+  const bool sharded_kind = manifest.kind == CheckpointKind::sharded || manifest.kind == CheckpointKind::shard;
+  const Value* sharding = value.as_dict().find(std::string_view("sharding"));
+  if (sharded_kind != (sharding != nullptr)) {
+    fail(sharded_kind ? ErrorCode::schema_field_missing : ErrorCode::schema_field_unknown, kManifestKey,
+         ".sharding is ", sharded_kind ? "missing (kind " : "present in a manifest of kind ", kind,
+         sharded_kind ? ")" : "; only kinds sharded and shard have it");
+  }
+  if (sharding) manifest.sharding = read_sharding(*sharding, manifest.kind, top.path_of("sharding"));
   return manifest;
 }
 

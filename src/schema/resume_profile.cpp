@@ -7,10 +7,11 @@
 namespace holdpoint {
 
 namespace {
-constexpr std::array<std::pair<ResumeProfile, std::string_view>, 4> kNames = {{
+constexpr std::array<std::pair<ResumeProfile, std::string_view>, 5> kNames = {{
     {ResumeProfile::cpu_basic_v1, "cpu-basic-v1"},
     {ResumeProfile::cpu_shuffled_singleworker_v1, "cpu-shuffled-singleworker-v1"},
     {ResumeProfile::cuda_single_device_v1, "cuda-single-device-v1"},
+    {ResumeProfile::cpu_gloo_ddp_v1, "cpu-gloo-ddp-v1"},
     {ResumeProfile::unqualified, "unqualified"},
 }};
 }  // namespace
@@ -63,6 +64,17 @@ std::vector<std::string> profile_violations(ResumeProfile profile, const Profile
       require(!facts.distributed, "training must not be distributed");
       require(facts.all_cuda_generators_registered, "every visible CUDA generator must be registered");
       require(facts.cpu_generator_registered, "the LibTorch CPU generator must be registered");
+      require(!facts.external_randomness, "no randomness outside the registry may be used");
+      break;
+    case ResumeProfile::cpu_gloo_ddp_v1:
+      require(facts.model_on_cpu, "the model must be on the CPU");
+      require(facts.loader_workers == 0, "the data loader must use no worker processes");
+      require(facts.distributed && facts.world_size >= 1,
+              "training must be distributed over a process group (saved and loaded collectively)");
+      require(facts.sampler_kind == "distributed",
+              "the sampler must be holdpoint's DistributedSampler (one permutation per epoch, strided across ranks)");
+      require(facts.cpu_generator_registered, "the LibTorch CPU generator must be registered");
+      require(facts.rank_local_generators, "the generator registry must be saved per rank (a rank-local component)");
       require(!facts.external_randomness, "no randomness outside the registry may be used");
       break;
   }

@@ -2,6 +2,7 @@
 
 #include <ATen/ops/randperm.h>
 
+#include <algorithm>
 #include <exception>
 #include <vector>
 
@@ -18,6 +19,7 @@ const std::string kComponentName = "sampler";
 const std::string kSequential = "sequential";
 const std::string kRandom = "random";
 const std::string kStateful = "stateful";
+const std::string kDistributed = "distributed";
 
 void check_epoch_argument(std::int64_t epoch) {
   if (epoch < 0) state::state_error(ErrorCode::invalid_argument, "sampler: epoch ", epoch, " is negative");
@@ -217,6 +219,149 @@ void StatefulSampler::apply_state(const Value& state) {
 // ---- component ------------------------------------------------------------------------
 
 const std::string& SamplerState::name() const { return kComponentName; }
+
+// ---- DistributedSampler ---------------------------------------------------------------
+
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Indices a rank yields from `start` in a world of `world` over n samples.
+std::int64_t rank_share(std::int64_t n, std::int64_t start, std::int64_t world, std::int64_t rank) {
+  const std::int64_t first = start + rank;
+  return first >= n ? 0 : (n - first + world - 1) / world;
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(std::int64_t num_samples, std::uint64_t seed, std::int64_t world_size,
+                                       std::int64_t rank)
+    : num_samples_(num_samples), seed_(seed), world_size_(world_size), rank_(rank) {
+  if (num_samples < 0) state::state_error(ErrorCode::invalid_argument, "sampler: num_samples ", num_samples, " is negative");
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    state::state_error(ErrorCode::invalid_argument, "sampler: rank ", rank, " is not in a world of ", world_size);
+  }
+  start_epoch(0);
+}
+
+const std::string& DistributedSampler::kind() const { return kDistributed; }
+
+std::vector<std::int64_t> DistributedSampler::permutation(std::int64_t num_samples, std::uint64_t seed,
+                                                          std::int64_t epoch) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(num_samples));
+  for (std::int64_t i = 0; i < num_samples; ++i) order[static_cast<std::size_t>(i)] = i;
+  std::uint64_t state = seed ^ (0xd1b54a32d192ed03ull * static_cast<std::uint64_t>(epoch + 1));
+  for (std::int64_t i = num_samples - 1; i > 0; --i) {
+    const auto j = static_cast<std::int64_t>(splitmix64(state) % static_cast<std::uint64_t>(i + 1));
+    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
+  }
+  return order;
+}
+
+std::optional<std::int64_t> DistributedSampler::next() {
+  const std::int64_t position = start_ + rank_ + cursor_ * world_size_;
+  if (position >= num_samples_) return std::nullopt;
+  ++cursor_;
+  return order_[static_cast<std::size_t>(position)];
+}
+
+void DistributedSampler::start_epoch(std::int64_t epoch) {
+  check_epoch_argument(epoch);
+  if (epoch != epoch_ || order_.empty()) order_ = permutation(num_samples_, seed_, epoch);
+  epoch_ = epoch;
+  start_ = 0;
+  cursor_ = 0;
+}
+
+std::int64_t DistributedSampler::remaining() const {
+  return rank_share(num_samples_, start_, world_size_, rank_) - cursor_;
+}
+
+Value DistributedSampler::capture_state(CaptureMode) const {
+  Dict entries = header(kDistributed, num_samples_, epoch_);
+  entries.insert("seed", Value::integer(static_cast<std::int64_t>(seed_)));
+  entries.insert("world_size", Value::integer(world_size_));
+  entries.insert("rank", Value::integer(rank_));
+  entries.insert("start", Value::integer(start_));
+  entries.insert("cursor", Value::integer(cursor_));
+  return Value::dict(std::move(entries));
+}
+
+void DistributedSampler::validate_state(const Value& state) const {
+  const state::FieldReader reader(state, kComponentName);
+  reader.allow_only({"kind", "num_samples", "epoch", "seed", "world_size", "rank", "start", "cursor"});
+  check_header(reader, kDistributed, num_samples_);
+  if (reader.integer("seed") != static_cast<std::int64_t>(seed_)) {
+    state::state_error(ErrorCode::state_structure_mismatch, reader.path_of("seed"), " is ", reader.integer("seed"),
+                       ", the live sampler's is ", static_cast<std::int64_t>(seed_));
+  }
+  if (reader.integer("world_size") != world_size_ || reader.integer("rank") != rank_) {
+    state::state_error(ErrorCode::state_value_invalid, kComponentName, " was saved by rank ", reader.integer("rank"),
+                       " of ", reader.integer("world_size"), "; this is rank ", rank_, " of ", world_size_,
+                       " (a changed world size needs reassign_distributed_sampler_state)");
+  }
+  const std::int64_t start = reader.integer("start");
+  if (start < 0 || start > num_samples_) {
+    state::state_error(ErrorCode::state_value_invalid, reader.path_of("start"), " = ", start, " is outside 0..",
+                       num_samples_);
+  }
+  read_cursor(reader, rank_share(num_samples_, start, world_size_, rank_));
+}
+
+void DistributedSampler::apply_state(const Value& state) {
+  const state::FieldReader reader(state, kComponentName);
+  const std::int64_t epoch = reader.integer("epoch");
+  if (epoch != epoch_ || order_.empty()) order_ = permutation(num_samples_, seed_, epoch);
+  epoch_ = epoch;
+  start_ = reader.integer("start");
+  cursor_ = reader.integer("cursor");
+}
+
+Value reassign_distributed_sampler_state(std::span<const Value* const> saved, std::int64_t new_rank,
+                                         std::int64_t new_world) {
+  if (saved.empty()) state::state_error(ErrorCode::invalid_argument, "sampler: no saved states to reassign");
+  if (new_world < 1 || new_rank < 0 || new_rank >= new_world) {
+    state::state_error(ErrorCode::invalid_argument, "sampler: rank ", new_rank, " is not in a world of ", new_world);
+  }
+  const state::FieldReader first(*saved[0], "sampler@rank0");
+  if (first.string("kind") != kDistributed) {
+    state::state_error(ErrorCode::distributed_world_size_changed, "the saved sampler is '", first.string("kind"),
+                       "'; only a DistributedSampler's position can be reassigned to another world size");
+  }
+  const auto old_world = static_cast<std::int64_t>(saved.size());
+  for (std::int64_t r = 0; r < old_world; ++r) {
+    const state::FieldReader reader(*saved[static_cast<std::size_t>(r)], "sampler@rank" + std::to_string(r));
+    for (const char* field : {"num_samples", "seed", "epoch", "start", "world_size"}) {
+      if (reader.string("kind") != kDistributed || reader.integer(field) != first.integer(field)) {
+        state::state_error(ErrorCode::distributed_cursor_uneven, reader.path_of(field),
+                           " differs from rank 0's; the saved ranks were not in one epoch position");
+      }
+    }
+    if (reader.integer("world_size") != old_world || reader.integer("rank") != r) {
+      state::state_error(ErrorCode::state_value_invalid, reader.path(), " names rank ", reader.integer("rank"), " of ",
+                         reader.integer("world_size"), " in a checkpoint of ", old_world, " ranks");
+    }
+    if (reader.integer("cursor") != first.integer("cursor")) {
+      state::state_error(ErrorCode::distributed_cursor_uneven, reader.path_of("cursor"), " = ",
+                         reader.integer("cursor"), ", rank 0's is ", first.integer("cursor"),
+                         ": the global position is ambiguous, so it is not reassigned");
+    }
+  }
+  const std::int64_t n = first.integer("num_samples");
+  const std::int64_t consumed = first.integer("start") + first.integer("cursor") * old_world;
+  Dict entries = header(kDistributed, n, first.integer("epoch"));
+  entries.insert("seed", Value::integer(first.integer("seed")));
+  entries.insert("world_size", Value::integer(new_world));
+  entries.insert("rank", Value::integer(new_rank));
+  entries.insert("start", Value::integer(std::min(consumed, n)));
+  entries.insert("cursor", Value::integer(0));
+  return Value::dict(std::move(entries));
+}
 
 void SamplerState::describe(ProfileFacts& facts) const {
   if (const auto* random = dynamic_cast<const RandomSampler*>(&sampler_)) {

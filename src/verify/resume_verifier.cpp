@@ -2,6 +2,7 @@
 // processes, load what they wrote, compare, decide, report
 // (docs/verification.md).
 #include "holdpoint/resume_verifier.h"
+#include "holdpoint/sharded_checkpoint.h"
 
 #include <unistd.h>
 
@@ -219,7 +220,17 @@ class Protocol {
     const std::filesystem::path checkpoint = run.output / kCheckpointFile;
     LoadOptions load;
     load.expected_sha256 = read_sha256_sidecar(checkpoint).hex();
-    loaded.checkpoint = load_checkpoint_mapping(checkpoint, load).root;
+    LoadedMapping mapping = load_checkpoint_mapping(checkpoint, load);
+    if (is_sharded_manifest(mapping)) {
+      // A multi-rank trainer's step manifest: its shards beside it, every one
+      // checked; replicated components compare by name, rank-local ones as
+      // "<name>@rank<r>" (docs/distributed.md).
+      ShardedReadOptions sharded;
+      sharded.expected_sha256 = mapping.sha256;
+      loaded.checkpoint = read_sharded_checkpoint(checkpoint, sharded).combined_view();
+    } else {
+      loaded.checkpoint = std::move(mapping.root);
+    }
     return loaded;
   }
 

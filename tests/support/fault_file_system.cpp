@@ -422,6 +422,21 @@ class FaultDirectory final : public io::Directory {
     });
   }
 
+  void remove_directory(const std::string& name) override {
+    require_plain_name(name, path_);
+    const auto target = path_ / name;
+    std::lock_guard lock(state_->mutex);
+    state_->perform(epoch_, {"rmdir " + target.string(), ErrorCode::io_write_failed, target, "rmdir"}, [&] {
+      const auto found = entries().find(name);
+      if (found == entries().end()) fail_errno(ErrorCode::io_write_failed, target, "rmdir", ENOENT);
+      if (found->second.kind != Entry::Kind::directory) fail_errno(ErrorCode::io_write_failed, target, "rmdir", ENOTDIR);
+      if (!state_->directories[found->second.node].current.empty()) {
+        fail_errno(ErrorCode::io_write_failed, target, "rmdir", ENOTEMPTY);
+      }
+      entries().erase(found);
+    });
+  }
+
   std::vector<std::string> list() override {
     std::lock_guard lock(state_->mutex);
     return state_->perform(epoch_, {"list " + path_.string(), ErrorCode::io_read_failed, path_, "list"}, [&] {

@@ -39,7 +39,8 @@ int run_doctor(bool json) {
   };
   std::vector<Capability> profiles;
   for (const auto profile : {ResumeProfile::cpu_basic_v1, ResumeProfile::cpu_shuffled_singleworker_v1,
-                             ResumeProfile::cuda_single_device_v1, ResumeProfile::unqualified}) {
+                             ResumeProfile::cuda_single_device_v1, ResumeProfile::cpu_gloo_ddp_v1,
+                             ResumeProfile::unqualified}) {
     Capability c{std::string(resume_profile_name(profile)), true, ""};
     if (profile == ResumeProfile::cuda_single_device_v1) {
       c.available = cuda;
@@ -47,6 +48,13 @@ int run_doctor(bool json) {
                    : "unavailable: this LibTorch build has no CUDA (at::hasCUDA() is false)";
     } else if (profile == ResumeProfile::unqualified) {
       c.why = "no preconditions, no deterministic-resume claim";
+    } else if (profile == ResumeProfile::cpu_gloo_ddp_v1) {
+#ifdef HOLDPOINT_HAVE_DIST
+      c.why = "multi-rank over a c10d process group (holdpoint_dist); same world size on load";
+#else
+      c.available = false;
+      c.why = "unavailable: this build has no holdpoint_dist (LibTorch without c10d headers)";
+#endif
     } else {
       c.why = "CPU; preconditions checked at save and load";
     }

@@ -1,0 +1,136 @@
+// DistributedCheckpointer: one consistent checkpoint across the ranks of a
+// c10d process group (docs/distributed.md).
+//
+// The API takes a c10d::ProcessGroup& and uses only its collectives
+// (allgather of int64 and uint8 tensors), so Gloo (CPU, tests) and NCCL
+// behave the same; nothing here names a backend.
+//
+// Save (collective; every rank calls save() with the same spec):
+//   1. each rank captures its TrainingState; replicated components (all but
+//      `rank_local`) are partitioned so each storage is written by one rank
+//      (holdpoint/sharded_checkpoint.h); the ranks check they partitioned
+//      alike, and the coordinator (rank 0) creates checkpoints/step-N.shards/;
+//   2. each rank publishes its shard (staged, SHA-256 while streaming,
+//      fsynced, read back and verified, renamed, directory fsynced);
+//   3. sizes and digests are gathered; any rank's failure fails the save on
+//      every rank, naming the rank and its reason (distributed_rank_failed);
+//   4. the coordinator commits the step manifest through RunDirectory::commit
+//      (world size, the shards' sizes and digests, profile, configuration
+//      identity); moving LATEST is the commit point;
+//   5. the outcome is gathered, so every rank returns the committed
+//      generation or throws the coordinator's error.
+// A rank that dies makes its peers' next collective fail: nobody commits and
+// LATEST stays on the previous generation; the partial shard directory is
+// removed by the next open's recovery (or at once after a reported failure).
+//
+// Load (collective): every rank reads the step manifest (against LATEST's or
+// the given digest) and every shard (replicated pieces live in all of them),
+// checks each shard's size, SHA-256, schema and identity, merges the
+// replicated components, and runs TrainingState's checks (profile,
+// configuration identity, inventory, every component's validate). Then the
+// ranks agree: if any rank failed, every rank throws, naming the failing
+// ranks and reasons, and no rank has changed anything. Only then does each
+// rank apply its state transactionally.
+//
+// World size: profile cpu-gloo-ddp-v1 requires the checkpoint's world size.
+// Another world size loads only with allow_world_size_change and a live
+// profile of unqualified: replicated components load as saved, new rank r
+// takes the rank-local state of saved rank r mod W_saved, and the sampler
+// (a DistributedSampler) is reassigned by the global-position rule of
+// reassign_distributed_sampler_state. Anything else is
+// distributed_world_size_changed.
+//
+// Failure contract: holdpoint::Error; distributed_rank_failed on ranks whose
+// own part succeeded when another's failed (detail: "rank R: <code>: <reason>"
+// for each failed rank); the failing rank throws its own code with the same
+// detail appended. A c10d failure (a peer died, a timeout) propagates as the
+// c10::Error the group throws; the group is unusable afterwards.
+//
+// Thread-safety: collective calls must be made by every rank in the same
+// order, from one thread per rank.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "holdpoint/manifest.h"
+#include "holdpoint/run_directory.h"
+#include "holdpoint/training_state.h"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace holdpoint {
+
+struct DistributedCheckpointOptions {
+  // Components every rank saves for itself; all others are replicated
+  // (equal on every rank) and written once in total.
+  std::vector<std::string> rank_local = {"sampler", "rng"};
+  // The coordinator's run directory (retention, best metric, limits, durability).
+  RunDirectoryOptions run;
+  bool torch_1_13_compatible = false;
+  // Test instrumentation: called on each rank at "before-shard",
+  // "after-shard", "before-commit" (coordinator) and "published" (coordinator,
+  // inside the commit once the step manifest is durable and before LATEST moves).
+  std::function<void(std::string_view phase)> phase_hook;
+};
+
+struct DistributedSaveResult {
+  GenerationInfo generation;      // the committed step manifest
+  std::int64_t world_size = 1;
+  std::vector<ShardRecord> shards;  // by rank
+  std::uint64_t bytes_written = 0;  // this rank's shard
+  std::uint64_t total_bytes = 0;    // every shard and the step manifest
+};
+
+struct DistributedLoadOptions {
+  std::optional<Sha256Digest> expected_sha256;  // of the step manifest
+  // Allow a checkpoint of another world size (the live profile must be unqualified).
+  bool allow_world_size_change = false;
+};
+
+struct DistributedLoadReport {
+  LoadReport report;
+  std::int64_t saved_world_size = 1;
+  bool world_size_changed = false;
+  std::int64_t rank_local_source = 0;  // the saved rank whose rank-local state this rank took
+};
+
+class DistributedCheckpointer {
+ public:
+  // Collective. Rank 0 opens (and recovers) the run directory; every rank
+  // learns whether that worked. Sets the TrainingState's environment
+  // (distributed, world size, rank-local generators).
+  DistributedCheckpointer(c10d::ProcessGroup& group, TrainingState& state, std::filesystem::path run_directory,
+                          DistributedCheckpointOptions options = {});
+  ~DistributedCheckpointer();
+  DistributedCheckpointer(const DistributedCheckpointer&) = delete;
+  DistributedCheckpointer& operator=(const DistributedCheckpointer&) = delete;
+
+  std::int64_t rank() const noexcept;
+  std::int64_t world_size() const noexcept;
+  // The coordinator's run directory; nullptr on other ranks.
+  RunDirectory* run_directory() noexcept;
+  // LATEST as the coordinator saw it on open or after the last save (every rank).
+  std::optional<GenerationInfo> latest() const;
+
+  DistributedSaveResult save(const GenerationSpec& spec);
+  // Resumes from LATEST; nullopt (on every rank) when the run has no generation yet.
+  std::optional<DistributedLoadReport> resume(const DistributedLoadOptions& options = {});
+  // Loads the sharded checkpoint whose step manifest is at `manifest_path`
+  // (its shards beside it in step-N.shards/), on every rank.
+  DistributedLoadReport load(const std::filesystem::path& manifest_path, const DistributedLoadOptions& options = {});
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace holdpoint

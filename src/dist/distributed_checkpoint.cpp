@@ -1,0 +1,487 @@
+#include "holdpoint/distributed.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "common/fail.h"
+#include "holdpoint/sampler.h"
+#include "holdpoint/sharded_checkpoint.h"
+#include "io/file_system.h"
+#include "io/publish.h"
+
+namespace holdpoint {
+
+using detail::concat;
+using detail::fail;
+
+namespace {
+
+// ---- collectives ---------------------------------------------------------------------------
+
+// Every rank's byte string, in rank order. Gloo's allgather needs equal
+// shapes: lengths first, then the bytes padded to the longest.
+std::vector<std::string> allgather_strings(c10d::ProcessGroup& group, const std::string& mine) {
+  const int world = group.getSize();
+  std::vector<at::Tensor> length_in{at::empty({1}, at::kLong)};
+  length_in[0].data_ptr<std::int64_t>()[0] = static_cast<std::int64_t>(mine.size());
+  std::vector<std::vector<at::Tensor>> length_out(1);
+  for (int r = 0; r < world; ++r) length_out[0].push_back(at::empty({1}, at::kLong));
+  group.allgather(length_out, length_in)->wait();
+  std::vector<std::int64_t> lengths;
+  std::int64_t longest = 1;
+  for (const auto& t : length_out[0]) {
+    lengths.push_back(t.data_ptr<std::int64_t>()[0]);
+    longest = std::max(longest, lengths.back());
+  }
+  std::vector<at::Tensor> bytes_in{at::zeros({longest}, at::kByte)};
+  if (!mine.empty()) std::memcpy(bytes_in[0].data_ptr<std::uint8_t>(), mine.data(), mine.size());
+  std::vector<std::vector<at::Tensor>> bytes_out(1);
+  for (int r = 0; r < world; ++r) bytes_out[0].push_back(at::empty({longest}, at::kByte));
+  group.allgather(bytes_out, bytes_in)->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) {
+    const auto* data = reinterpret_cast<const char*>(bytes_out[0][static_cast<std::size_t>(r)].data_ptr<std::uint8_t>());
+    out.emplace_back(data, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]));
+  }
+  return out;
+}
+
+// A rank's failure as it travels: the error code's name (or "exception") and the detail.
+struct Failure {
+  std::string code;
+  std::string detail;
+  std::optional<Error> error;  // the local rank's own error, rethrown on that rank
+};
+
+Failure failure_of(const Error& error) {
+  std::string detail = error.detail();
+  if (!error.path().empty()) detail = concat(error.path(), ": ", detail);
+  return {std::string(error_code_name(error.code())), detail, error};
+}
+
+Failure failure_of(const std::exception& error) { return {"exception", error.what(), std::nullopt}; }
+
+// The ranks agree on a phase's outcome: every rank contributes its payload
+// or its failure, and either all return every payload or all throw, naming
+// every failed rank and its reason.
+std::vector<std::string> agree(c10d::ProcessGroup& group, std::string_view phase, const std::optional<Failure>& mine,
+                               const std::string& payload = {}) {
+  const std::string message = mine ? concat("F", mine->code, "\n", mine->detail) : concat("K", payload);
+  const std::vector<std::string> all = allgather_strings(group, message);
+  std::string failures;
+  std::vector<std::string> payloads;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const std::string& m = all[r];
+    if (!m.empty() && m[0] == 'K') {
+      payloads.push_back(m.substr(1));
+      continue;
+    }
+    const auto newline = m.find('\n');
+    const std::string code = m.substr(1, newline == std::string::npos ? std::string::npos : newline - 1);
+    const std::string why = newline == std::string::npos ? std::string() : m.substr(newline + 1);
+    failures += concat(failures.empty() ? "" : "; ", "rank ", r, ": ", code, ": ", why);
+  }
+  if (failures.empty()) return payloads;
+  const std::string detail = concat(phase, " rejected on every rank (", failures, ")");
+  if (mine && mine->error) throw Error(mine->error->code(), detail);
+  if (mine) fail(ErrorCode::distributed_rank_failed, detail);
+  fail(ErrorCode::distributed_rank_failed, detail);
+}
+
+// Runs `body`, turning a holdpoint or standard exception into a Failure (a
+// c10::Error is the group's own failure and propagates: the group is unusable).
+template <typename Body>
+std::optional<Failure> attempt(Body&& body) {
+  try {
+    body();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const Error& error) {
+    return failure_of(error);
+  } catch (const std::exception& error) {
+    return failure_of(error);
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+struct DistributedCheckpointer::Impl {
+  c10d::ProcessGroup& group;
+  TrainingState& state;
+  std::filesystem::path path;
+  DistributedCheckpointOptions options;
+  std::int64_t rank = 0;
+  std::int64_t world = 1;
+  std::unique_ptr<RunDirectory> run;  // the coordinator's
+  std::optional<GenerationInfo> latest;
+
+  Impl(c10d::ProcessGroup& g, TrainingState& s) : group(g), state(s) {}
+
+  void hook(std::string_view phase) const {
+    if (options.phase_hook) options.phase_hook(phase);
+  }
+
+  bool is_rank_local(const std::string& name) const {
+    return std::find(options.rank_local.begin(), options.rank_local.end(), name) != options.rank_local.end();
+  }
+
+  std::string latest_text() const {
+    return latest ? concat(latest->name, " ", latest->sha256.hex(), " ", latest->step) : std::string("none");
+  }
+
+  void set_latest(const std::string& text) {
+    const auto parts = split_lines(text);
+    if (text == "none" || text.empty()) {
+      latest.reset();
+      return;
+    }
+    std::istringstream in(text);
+    GenerationInfo g;
+    std::string hex;
+    in >> g.name >> hex >> g.step;
+    const auto digest = Sha256Digest::from_hex(hex);
+    if (!digest) fail(ErrorCode::distributed_rank_failed, "the coordinator sent a malformed LATEST: ", text);
+    g.sha256 = *digest;
+    g.world_size = world;
+    latest = g;
+  }
+};
+
+DistributedCheckpointer::DistributedCheckpointer(c10d::ProcessGroup& group, TrainingState& state,
+                                                 std::filesystem::path run_directory,
+                                                 DistributedCheckpointOptions options)
+    : impl_(std::make_unique<Impl>(group, state)) {
+  Impl& d = *impl_;
+  d.path = std::move(run_directory);
+  d.options = std::move(options);
+  d.rank = group.getRank();
+  d.world = group.getSize();
+  TrainingEnvironment environment = state.environment();
+  environment.distributed = true;
+  environment.world_size = d.world;
+  environment.rank_local_generators = d.is_rank_local("rng");
+  state.set_environment(environment);
+
+  const auto mine = attempt([&] {
+    if (d.rank != 0) return;
+    RunDirectoryOptions run_options = d.options.run;
+    const auto observer = run_options.commit_observer;
+    run_options.commit_observer = [&d, observer](std::string_view stage) {
+      if (observer) observer(stage);
+      d.hook(stage);
+    };
+    d.run = std::make_unique<RunDirectory>(d.path, std::move(run_options));
+    d.latest = d.run->latest();
+  });
+  const auto payloads = agree(group, "opening the run directory", mine, d.rank == 0 ? d.latest_text() : "");
+  if (d.rank != 0) d.set_latest(payloads[0]);
+}
+
+DistributedCheckpointer::~DistributedCheckpointer() = default;
+
+std::int64_t DistributedCheckpointer::rank() const noexcept { return impl_->rank; }
+std::int64_t DistributedCheckpointer::world_size() const noexcept { return impl_->world; }
+RunDirectory* DistributedCheckpointer::run_directory() noexcept { return impl_->run.get(); }
+std::optional<GenerationInfo> DistributedCheckpointer::latest() const { return impl_->latest; }
+
+// ---- save ------------------------------------------------------------------------------------
+
+DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) {
+  Impl& d = *impl_;
+  DistributedSaveResult result;
+  result.world_size = d.world;
+
+  // 1. Capture, partition, and the coordinator's shard directory.
+  PreparedCheckpoint prepared;
+  ReplicatedPartition partition;
+  std::filesystem::path shards_path;
+  std::vector<std::string> replicated_names, rank_local_names;
+  auto mine = attempt([&] {
+    CheckpointSaveOptions save_options;
+    save_options.torch_1_13_compatible = d.options.torch_1_13_compatible;
+    prepared = d.state.prepare_save(save_options);
+    std::vector<std::pair<std::string, Value>> replicated;
+    for (const auto& [name, state] : prepared.states()) {
+      if (d.is_rank_local(name)) {
+        rank_local_names.push_back(name);
+      } else {
+        replicated_names.push_back(name);
+        replicated.emplace_back(name, state);
+      }
+    }
+    partition = partition_replicated(replicated, d.world);
+    if (d.rank == 0) shards_path = d.run->prepare_shard_directory(spec.step);
+  });
+  const auto discard = [&] {
+    if (d.rank != 0 || !d.run) return;
+    try {
+      d.run->discard_shard_directory(spec.step);
+    } catch (const Error&) {
+      // Recovery removes it on the next open.
+    }
+  };
+  std::vector<std::string> prepared_payloads;
+  try {
+    prepared_payloads = agree(d.group, concat("saving step ", spec.step, ": capture"), mine,
+                              concat(partition.fingerprint.hex(), "\n", shards_path.string()));
+  } catch (const Error&) {
+    discard();
+    throw;
+  }
+  for (std::size_t r = 1; r < prepared_payloads.size(); ++r) {
+    if (split_lines(prepared_payloads[r]).at(0) != split_lines(prepared_payloads[0]).at(0)) {
+      discard();
+      fail(ErrorCode::distributed_replicated_mismatch, "saving step ", spec.step, ": rank ", r,
+           "'s replicated components (", concat(replicated_names.size()), " of them) differ in structure or size from "
+           "rank 0's, so they cannot be written once for all ranks; check that every rank registers the same "
+           "replicated components (rank-local ones: ", [&] {
+             std::string names;
+             for (const auto& n : d.options.rank_local) names += (names.empty() ? "" : ", ") + n;
+             return names;
+           }(), ")");
+    }
+  }
+  const auto coordinator_lines = split_lines(prepared_payloads[0]);
+  shards_path = coordinator_lines.size() > 1 ? std::filesystem::path(coordinator_lines[1]) : std::filesystem::path();
+
+  // 2. Every rank publishes its shard.
+  d.hook("before-shard");
+  io::PublishResult published;
+  mine = attempt([&] {
+    Manifest manifest = prepared.manifest();
+    manifest.kind = CheckpointKind::shard;
+    manifest.components.clear();
+    Sharding sharding;
+    sharding.world_size = d.world;
+    sharding.step = spec.step;
+    sharding.rank = d.rank;
+    manifest.sharding = sharding;
+    std::vector<std::pair<std::string, Value>> states;
+    const auto& pieces = partition.pieces.at(static_cast<std::size_t>(d.rank));
+    std::size_t piece = 0;
+    for (const auto& [name, state] : prepared.states()) {
+      if (d.is_rank_local(name)) {
+        states.emplace_back(name, state);
+      } else {
+        states.push_back(pieces.at(piece++));
+      }
+    }
+    const PreparedCheckpoint shard(std::move(manifest), std::move(states), d.options.torch_1_13_compatible);
+    auto directory = io::posix_file_system().open_directory(shards_path, false);
+    io::PublishOptions publish_options;
+    publish_options.replace = false;
+    publish_options.durable = d.options.run.durable;
+    publish_options.max_bytes = d.options.run.limits.max_file_bytes;
+    const Limits limits = d.options.run.limits;
+    published = io::publish(
+        *directory, shard_file_name(d.rank), publish_options, [&](io::ByteSink& sink) { shard.write(sink); },
+        [&limits](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+          verify_generation_bytes(bytes, owner, limits);
+        });
+  });
+  d.hook("after-shard");
+  std::vector<std::string> shard_payloads;
+  try {
+    shard_payloads = agree(d.group, concat("saving step ", spec.step, ": shards"), mine,
+                           concat(published.size, " ", published.sha256.hex()));
+  } catch (const Error&) {
+    discard();
+    throw;
+  }
+  for (std::size_t r = 0; r < shard_payloads.size(); ++r) {
+    std::istringstream in(shard_payloads[r]);
+    ShardRecord record;
+    std::string hex;
+    in >> record.size >> hex;
+    record.rank = static_cast<std::int64_t>(r);
+    const auto digest = Sha256Digest::from_hex(hex);
+    if (!digest) fail(ErrorCode::distributed_rank_failed, "rank ", r, " reported a malformed shard digest");
+    record.sha256 = *digest;
+    result.shards.push_back(record);
+  }
+  result.bytes_written = published.size;
+
+  // 3. The coordinator commits the step manifest; LATEST moves last.
+  if (d.rank == 0) d.hook("before-commit");
+  std::string committed;
+  mine = attempt([&] {
+    if (d.rank != 0) return;
+    Manifest manifest = prepared.manifest();
+    manifest.kind = CheckpointKind::sharded;
+    manifest.components.clear();
+    Sharding sharding;
+    sharding.world_size = d.world;
+    sharding.step = spec.step;
+    sharding.replicated = replicated_names;
+    sharding.rank_local = rank_local_names;
+    sharding.shards = result.shards;
+    manifest.sharding = sharding;
+    const PreparedCheckpoint step_manifest(manifest, {}, false);
+    GenerationSpec generation = spec;
+    generation.world_size = d.world;
+    const Limits limits = d.options.run.limits;
+    const auto verify = [&](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+      const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, limits);
+      const Value* value = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
+      if (!value) fail(ErrorCode::schema_field_missing, "the step manifest has no '", kManifestKey, "' entry");
+      const Manifest read = Manifest::from_value(*value);
+      if (read.kind != CheckpointKind::sharded || read.sharding->shards.size() != sharding.shards.size()) {
+        fail(ErrorCode::schema_field_invalid, "the step manifest read back is not the one written");
+      }
+      // The shards are there, at their reported sizes (each rank read its own back already).
+      auto shards = io::posix_file_system().open_directory(shards_path, false);
+      for (const auto& shard : sharding.shards) {
+        const auto info = shards->stat(shard_file_name(shard.rank));
+        if (!info || info->type != io::FileInfo::Type::regular || info->size != shard.size) {
+          fail(ErrorCode::run_shards_invalid, shard_directory_name(spec.step), "/", shard_file_name(shard.rank),
+               " is missing or not of its reported size ", shard.size);
+        }
+      }
+    };
+    const CommitResult commit =
+        d.run->commit(generation, [&](io::ByteSink& sink) { step_manifest.write(sink); }, verify);
+    result.generation = commit.generation;
+    committed = concat(commit.generation.name, " ", commit.generation.sha256.hex(), " ", commit.generation.step, " ",
+                       commit.generation.size);
+  });
+  if (mine && d.rank == 0 && !(d.run->latest() && d.run->latest()->step == spec.step)) discard();
+  const auto outcome = agree(d.group, concat("saving step ", spec.step, ": commit"), mine, committed);
+  {
+    std::istringstream in(outcome[0]);
+    GenerationInfo& g = result.generation;
+    std::string hex;
+    in >> g.name >> hex >> g.step >> g.size;
+    const auto digest = Sha256Digest::from_hex(hex);
+    if (!digest) fail(ErrorCode::distributed_rank_failed, "the coordinator reported a malformed commit: ", outcome[0]);
+    g.sha256 = *digest;
+    g.epoch = spec.epoch;
+    g.kind = spec.kind;
+    g.metrics = spec.metrics;
+    g.world_size = d.world;
+  }
+  result.total_bytes = result.generation.size;
+  for (const auto& shard : result.shards) result.total_bytes += shard.size;
+  d.latest = result.generation;
+  return result;
+}
+
+// ---- load ------------------------------------------------------------------------------------
+
+std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const DistributedLoadOptions& options) {
+  Impl& d = *impl_;
+  const auto mine = attempt([&] {
+    if (d.rank != 0) return;
+    d.latest = d.run->latest();
+    if (!d.latest && !d.run->recovery().damaged.empty()) {
+      fail(ErrorCode::run_no_generation, d.path.string(),
+           ": every generation is damaged (moved aside as *.damaged); resuming from scratch is refused");
+    }
+  });
+  const auto payloads = agree(d.group, "resuming", mine, d.rank == 0 ? d.latest_text() : "");
+  d.set_latest(payloads[0]);
+  if (!d.latest) return std::nullopt;
+  DistributedLoadOptions load_options = options;
+  load_options.expected_sha256 = d.latest->sha256;
+  return load(d.path / kCheckpointsDirectory / d.latest->name, load_options);
+}
+
+DistributedLoadReport DistributedCheckpointer::load(const std::filesystem::path& manifest_path,
+                                                    const DistributedLoadOptions& options) {
+  Impl& d = *impl_;
+  DistributedLoadReport out;
+  bool agreed = false;
+  const std::string phase = concat("loading ", manifest_path.string());
+  const auto run = [&] {
+    ShardedReadOptions read_options;
+    read_options.limits = d.options.run.limits;
+    read_options.expected_sha256 = options.expected_sha256;
+    const ShardedCheckpoint checkpoint = read_sharded_checkpoint(manifest_path, read_options);
+    const Sharding& sharding = checkpoint.sharding();
+    out.saved_world_size = sharding.world_size;
+    out.world_size_changed = sharding.world_size != d.world;
+    if (out.world_size_changed) {
+      if (!options.allow_world_size_change) {
+        fail(ErrorCode::distributed_world_size_changed, manifest_path.string(), " was saved by ", sharding.world_size,
+             " ranks; this group has ", d.world,
+             ". A changed world size resumes only as unqualified, with allow_world_size_change "
+             "(docs/distributed.md)");
+      }
+      if (d.state.profile() != ResumeProfile::unqualified) {
+        fail(ErrorCode::distributed_world_size_changed, manifest_path.string(), " was saved by ", sharding.world_size,
+             " ranks; this group has ", d.world, ", and profile ", resume_profile_name(d.state.profile()),
+             " requires the same world size. Resume as unqualified to change it");
+      }
+    }
+    out.rank_local_source = d.rank % sharding.world_size;
+
+    Dict root;
+    Manifest manifest = checkpoint.manifest;
+    manifest.kind = CheckpointKind::resume;
+    manifest.sharding.reset();
+    manifest.components.clear();
+    std::vector<std::pair<std::string, Value>> states;
+    for (const auto& name : sharding.replicated) states.emplace_back(name, checkpoint.replicated(name));
+    for (const auto& name : sharding.rank_local) {
+      if (out.world_size_changed && name == "sampler") {
+        std::vector<const Value*> saved;
+        for (std::int64_t r = 0; r < sharding.world_size; ++r) saved.push_back(&checkpoint.rank_local(name, r));
+        states.emplace_back(name, reassign_distributed_sampler_state(saved, d.rank, d.world));
+      } else {
+        states.emplace_back(name, checkpoint.rank_local(name, out.rank_local_source));
+      }
+    }
+    // Each shard was checked against its own manifest's digests, and each
+    // shard's bytes against the step manifest's: the merged state carries no
+    // digests of its own.
+    for (const auto& [name, state] : states) manifest.components.push_back({name, Sha256Digest{}, Value()});
+    root.insert(std::string(kManifestKey), manifest.to_value());
+    for (auto& [name, state] : states) root.insert(name, std::move(state));
+    LoadedMapping mapping;
+    mapping.root = Value::dict(std::move(root));
+    mapping.sha256 = checkpoint.sha256;
+
+    ParsedLoadOptions load_options;
+    load_options.check_component_records = false;
+    load_options.allow_unqualified_profile_change = out.world_size_changed;
+    load_options.before_apply = [&] {
+      agreed = true;
+      agree(d.group, phase, std::nullopt);
+    };
+    out.report = d.state.load_parsed_checkpoint(mapping, manifest_path, load_options);
+  };
+  std::optional<Failure> failure;
+  try {
+    run();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const Error& error) {
+    if (agreed) throw;
+    failure = failure_of(error);
+  } catch (const std::exception& error) {
+    if (agreed) throw;
+    failure = failure_of(error);
+  }
+  if (failure) agree(d.group, phase, failure);  // throws on every rank
+  if (out.world_size_changed) {
+    out.report.warnings.push_back(concat("resumed a checkpoint of ", out.saved_world_size, " ranks on ", d.world,
+                                         " as unqualified: rank-local state from saved rank ", out.rank_local_source,
+                                         ", the sampler's global position reassigned"));
+  }
+  return out;
+}
+
+}  // namespace holdpoint

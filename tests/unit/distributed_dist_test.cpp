@@ -1,0 +1,608 @@
+// DistributedCheckpointer over real ProcessGroupGloo groups whose ranks are
+// threads of this process (one HashStore), and the DistributedSampler.
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+#include <unistd.h>
+
+#include "holdpoint/distributed.h"
+#include "holdpoint/rng_registry.h"
+#include "holdpoint/sampler.h"
+#include "holdpoint/sharded_checkpoint.h"
+#include "holdpoint/torch_tensor.h"
+#include "support/test_support.h"
+
+namespace holdpoint {
+namespace {
+
+// ---- fixtures ----------------------------------------------------------------------------
+
+// A replicated component: named float tensors (tensors share a storage when asked).
+class TensorBag final : public Component {
+ public:
+  explicit TensorBag(std::string name) : name_(std::move(name)) {}
+  std::map<std::string, at::Tensor> tensors;
+
+  const std::string& name() const override { return name_; }
+  Value capture(CaptureMode mode) const override {
+    Dict entries;
+    for (const auto& [key, tensor] : tensors) {
+      entries.insert(key, Value::tensor(mode == CaptureMode::copy ? from_at_tensor(tensor.clone()) : from_at_tensor(tensor)));
+    }
+    return Value::dict(std::move(entries));
+  }
+  void validate(const Value& state) const override {
+    if (!state.is_dict() || state.as_dict().size() != tensors.size()) {
+      throw Error(ErrorCode::state_structure_mismatch, name_ + ": keys differ");
+    }
+    for (const auto& [key, tensor] : tensors) {
+      const Value* value = state.as_dict().find(std::string_view(key));
+      if (!value || !value->is_tensor() || value->as_tensor().numel() != tensor.numel()) {
+        throw Error(ErrorCode::state_structure_mismatch, name_ + ": tensor '" + key + "' is missing or resized");
+      }
+    }
+  }
+  void apply(const Value& state) override {
+    for (auto& [key, tensor] : tensors) tensor.copy_(to_at_tensor(state.as_dict().at(key).as_tensor()));
+  }
+
+ private:
+  std::string name_;
+};
+
+// A rank-local integer; `reject` makes validate refuse any state.
+class Counter final : public Component {
+ public:
+  std::int64_t value = 0;
+  bool reject = false;
+  const std::string& name() const override {
+    static const std::string n = "counter";
+    return n;
+  }
+  Value capture(CaptureMode) const override { return Value::integer(value); }
+  void validate(const Value& state) const override {
+    if (reject) throw Error(ErrorCode::state_value_invalid, "counter: this rank refuses every state (test)");
+    if (!state.is_int()) throw Error(ErrorCode::state_type_invalid, "counter: not an int");
+  }
+  void apply(const Value& state) override { value = state.as_int(); }
+};
+
+struct RankSetup {
+  TensorBag model{"model"};
+  TensorBag optimizer{"optimizer"};
+  Counter counter;
+  TrainingState state;
+
+  explicit RankSetup(std::int64_t rank, std::int64_t sizes_offset = 0) {
+    // Replicated: equal on every rank (unless sizes_offset differs).
+    model.tensors["a"] = at::arange(0, 4000 + sizes_offset, at::kFloat);
+    model.tensors["b"] = at::full({3000}, 2.0, at::kFloat);
+    model.tensors["c"] = at::full({1000}, 3.0, at::kFloat);
+    optimizer.tensors["m"] = at::full({2500}, 0.5, at::kDouble);
+    counter.value = 100 + rank;
+    state.add(model).add(optimizer).add(counter);
+    state.set_semantic_identity("distributed-test");
+  }
+};
+
+DistributedLoadOptions allow_change() {
+  DistributedLoadOptions options;
+  options.allow_world_size_change = true;
+  return options;
+}
+
+GenerationSpec at_step(std::int64_t step) {
+  GenerationSpec spec;
+  spec.step = step;
+  return spec;
+}
+
+DistributedCheckpointOptions options_with_counter() {
+  DistributedCheckpointOptions options;
+  options.rank_local = {"counter"};
+  options.run.durable = false;
+  return options;
+}
+
+// Runs `body(rank, group)` on `world` threads, each with its own ProcessGroupGloo.
+// Returns each rank's exception (empty when it returned).
+using RankBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group)>;
+std::vector<std::exception_ptr> run_ranks(int world, const RankBody& body) {
+  static std::atomic<int> launches{0};
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::string prefix = "t" + std::to_string(launches++);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(20));
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        options->threads = 1;
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+        c10d::ProcessGroupGloo group(prefixed, rank, world, options);
+        body(rank, group);
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_all_ok(const std::vector<std::exception_ptr>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+std::optional<Error> error_of(const std::exception_ptr& error) {
+  if (!error) return std::nullopt;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a holdpoint::Error: " << e.what();
+  }
+  return std::nullopt;
+}
+
+class DistributedCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::path(::testing::TempDir()) /
+            ("holdpoint-dist-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+    run_ = root_ / "run";
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  // Saves `steps` on `world` ranks (fresh setups, optionally perturbed per step).
+  void save_steps(int world, std::vector<std::int64_t> steps) {
+    expect_all_ok(run_ranks(world, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+      RankSetup setup(rank);
+      DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+      for (const auto step : steps) {
+        setup.model.tensors["a"].fill_(static_cast<float>(step));
+        setup.counter.value = 100 * step + rank;
+        checkpointer.save(at_step(step));
+      }
+    }));
+  }
+
+  std::filesystem::path root_;
+  std::filesystem::path run_;
+};
+
+std::uint64_t size_of(const std::filesystem::path& path) { return std::filesystem::file_size(path); }
+
+void flip_byte(const std::filesystem::path& path, std::uint64_t offset) {
+  auto bytes = testing::read_file_bytes(path);
+  bytes.at(offset) ^= std::byte{0x5a};
+  testing::write_file_bytes(path, bytes);
+}
+
+// ---- save ----------------------------------------------------------------------------------
+
+TEST_F(DistributedCheckpoint, EachReplicatedStorageIsWrittenByExactlyOneRank) {
+  save_steps(2, {2});
+  const auto manifest = run_ / "checkpoints" / "step-00000002.pt";
+  const ShardedCheckpoint checkpoint = read_sharded_checkpoint(manifest);
+  EXPECT_EQ(checkpoint.sharding().world_size, 2);
+  EXPECT_EQ(checkpoint.sharding().replicated, (std::vector<std::string>{"model", "optimizer"}));
+  EXPECT_EQ(checkpoint.sharding().rank_local, (std::vector<std::string>{"counter"}));
+  // Every tensor position is held by exactly one shard.
+  std::map<std::string, int> holders;
+  for (std::int64_t r = 0; r < 2; ++r) {
+    for (const char* component : {"model", "optimizer"}) {
+      for (const auto& [key, value] : checkpoint.shards[r]->root.as_dict().at(component).as_dict()) {
+        if (value.is_tensor()) ++holders[std::string(component) + "." + key.as_string()];
+      }
+    }
+  }
+  EXPECT_EQ(holders, (std::map<std::string, int>{{"model.a", 1}, {"model.b", 1}, {"model.c", 1}, {"optimizer.m", 1}}));
+  // Bytes: each shard holds only its part; together about 1x the replicated state.
+  const std::uint64_t state_bytes = (4000 + 3000 + 1000) * 4 + 2500 * 8;
+  const std::uint64_t shard0 = size_of(run_ / "checkpoints" / "step-00000002.shards" / "rank-00000.pt");
+  const std::uint64_t shard1 = size_of(run_ / "checkpoints" / "step-00000002.shards" / "rank-00001.pt");
+  EXPECT_LT(shard0 + shard1, state_bytes + 16 * 1024) << "replicated tensors were written more than once";
+  EXPECT_GT(shard0, state_bytes / 3);
+  EXPECT_GT(shard1, state_bytes / 3);
+  // Merged replicated state and the rank-local states are what each rank had.
+  const Value model = checkpoint.replicated("model");
+  EXPECT_TRUE(at::equal(to_at_tensor(model.as_dict().at("a").as_tensor()), at::full({4000}, 2.0, at::kFloat)));
+  EXPECT_EQ(checkpoint.rank_local("counter", 0).as_int(), 200);
+  EXPECT_EQ(checkpoint.rank_local("counter", 1).as_int(), 201);
+}
+
+TEST_F(DistributedCheckpoint, SaveCommitsLatestAndRunDirectoryVerifiesTheShards) {
+  save_steps(2, {2, 4});
+  RunDirectoryOptions read_only;
+  read_only.recover = false;
+  RunDirectory run(run_, read_only);
+  ASSERT_TRUE(run.latest());
+  EXPECT_EQ(run.latest()->name, "step-00000004.pt");
+  EXPECT_EQ(run.latest()->world_size, 2);
+  for (const auto& check : run.verify_all()) EXPECT_TRUE(check.ok) << check.name << ": " << check.detail;
+}
+
+TEST_F(DistributedCheckpoint, ReplicatedStructureMismatchIsRefusedOnEveryRankAndNothingCommits) {
+  save_steps(2, {2});
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank, rank == 1 ? 7 : 0);  // rank 1's model.a has 7 more elements
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    checkpointer.save(at_step(4));
+  });
+  for (const auto& error : errors) {
+    const auto e = error_of(error);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), ErrorCode::distributed_replicated_mismatch) << e->what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000004.pt"));
+  EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000004.shards"));
+  RunDirectoryOptions read_only;
+  read_only.recover = false;
+  const auto latest = RunDirectory(run_, read_only).latest();
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->name, "step-00000002.pt");
+}
+
+// A component left replicated by mistake (its scalar differs per rank) is
+// caught at save time, not when the pieces fail to merge on load.
+TEST_F(DistributedCheckpoint, ReplicatedScalarsThatDifferAcrossRanksAreRefusedAtSave) {
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointOptions options;
+    options.rank_local = {};  // counter differs per rank but is declared replicated
+    options.run.durable = false;
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    checkpointer.save(at_step(2));
+  });
+  for (const auto& error : errors) {
+    const auto e = error_of(error);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), ErrorCode::distributed_replicated_mismatch) << e->what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.pt"));
+}
+
+TEST_F(DistributedCheckpoint, CoordinatorFailureFailsTheSaveOnEveryRank) {
+  save_steps(2, {4});
+  // Step 4 is committed: the coordinator refuses a second one, so every rank must fail.
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    checkpointer.save(at_step(4));
+  });
+  const auto e0 = error_of(errors[0]);
+  const auto e1 = error_of(errors[1]);
+  ASSERT_TRUE(e0 && e1);
+  EXPECT_EQ(e0->code(), ErrorCode::run_generation_exists);
+  EXPECT_EQ(e1->code(), ErrorCode::distributed_rank_failed);
+  EXPECT_NE(e1->detail().find("rank 0: run_generation_exists"), std::string::npos) << e1->detail();
+}
+
+TEST_F(DistributedCheckpoint, PartialShardDirectoryIsRemovedByRecovery) {
+  save_steps(2, {2});
+  const auto partial = run_ / "checkpoints" / "step-00000004.shards";
+  std::filesystem::create_directories(partial);
+  std::ofstream(partial / "rank-00000.pt") << "half a shard";
+  std::ofstream(partial / ".rank-00001.pt.staging-1-2") << "staging";
+  RunDirectoryOptions read_only;
+  read_only.recover = false;
+  {
+    RunDirectory inspect(run_, read_only);
+    EXPECT_EQ(inspect.recovery().removed_uncommitted, std::vector<std::string>{"step-00000004.shards/"});
+    EXPECT_TRUE(std::filesystem::exists(partial));
+  }
+  RunDirectory run(run_);
+  EXPECT_FALSE(std::filesystem::exists(partial));
+  EXPECT_EQ(run.latest()->name, "step-00000002.pt");
+}
+
+TEST_F(DistributedCheckpoint, DamagedShardQuarantinesTheGenerationAndRecoveryFallsBack) {
+  save_steps(2, {2, 4});
+  const auto shard = run_ / "checkpoints" / "step-00000004.shards" / "rank-00001.pt";
+  flip_byte(shard, size_of(shard) / 2);
+  RunDirectory run(run_);
+  ASSERT_TRUE(run.latest());
+  EXPECT_EQ(run.latest()->name, "step-00000002.pt");
+  ASSERT_EQ(run.recovery().damaged.size(), 1u);
+  EXPECT_EQ(run.recovery().damaged[0].code, ErrorCode::shard_digest_mismatch);
+  EXPECT_TRUE(std::filesystem::exists(run_ / "checkpoints" / "step-00000004.pt.damaged"));
+  EXPECT_TRUE(std::filesystem::exists(run_ / "checkpoints" / "step-00000004.shards.damaged" / "rank-00001.pt"));
+}
+
+TEST_F(DistributedCheckpoint, RetentionRemovesShardDirectoriesWithTheirManifests) {
+  DistributedCheckpointOptions options = options_with_counter();
+  options.run.retention.keep_last = 1;
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    checkpointer.save(at_step(2));
+    checkpointer.save(at_step(4));
+  }));
+  EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.pt"));
+  EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.shards"));
+  EXPECT_TRUE(std::filesystem::exists(run_ / "checkpoints" / "step-00000004.shards" / "rank-00001.pt"));
+}
+
+// ---- load ----------------------------------------------------------------------------------
+
+TEST_F(DistributedCheckpoint, ResumeRestoresReplicatedAndRankLocalStateOnEveryRank) {
+  save_steps(2, {2, 4});
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    setup.model.tensors["a"].fill_(-1);
+    setup.optimizer.tensors["m"].fill_(-1);
+    setup.counter.value = -1;
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    const auto report = checkpointer.resume();
+    ASSERT_TRUE(report);
+    EXPECT_FALSE(report->world_size_changed);
+    EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, 4.0, at::kFloat)));
+    EXPECT_TRUE(at::equal(setup.optimizer.tensors["m"], at::full({2500}, 0.5, at::kDouble)));
+    EXPECT_EQ(setup.counter.value, 400 + rank);
+  }));
+}
+
+TEST_F(DistributedCheckpoint, ResumeOfAnEmptyRunReturnsNothingOnEveryRank) {
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    EXPECT_FALSE(checkpointer.resume());
+  }));
+}
+
+// A byte flip in one shard: every rank rejects, and no rank's state changed.
+TEST_F(DistributedCheckpoint, TamperedShardIsRejectedOnEveryRankWithStateUntouched) {
+  save_steps(2, {2});
+  const auto shard = run_ / "checkpoints" / "step-00000002.shards" / "rank-00001.pt";
+  flip_byte(shard, size_of(shard) / 2);
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    setup.model.tensors["a"].fill_(-1);
+    setup.counter.value = -5;
+    DistributedCheckpointOptions options = options_with_counter();
+    try {
+      DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options);
+      checkpointer.load(run_ / "checkpoints" / "step-00000002.pt");
+    } catch (...) {
+      EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, -1.0, at::kFloat)));
+      EXPECT_EQ(setup.counter.value, -5);
+      throw;
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto e = error_of(errors[r]);
+    ASSERT_TRUE(e) << "rank " << r << " accepted a tampered shard";
+    EXPECT_EQ(e->code(), ErrorCode::shard_digest_mismatch) << e->what();
+    EXPECT_NE(e->detail().find("rank 0: shard_digest_mismatch"), std::string::npos) << e->detail();
+    EXPECT_NE(e->detail().find("rank 1: shard_digest_mismatch"), std::string::npos) << e->detail();
+  }
+}
+
+// One rank's validation fails: the others, whose checks passed, reject too and change nothing.
+TEST_F(DistributedCheckpoint, OneRanksRejectionRejectsTheLoadOnAllRanks) {
+  save_steps(2, {2});
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    setup.model.tensors["a"].fill_(-1);
+    setup.counter.reject = rank == 1;
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options_with_counter());
+    try {
+      checkpointer.load(run_ / "checkpoints" / "step-00000002.pt");
+    } catch (...) {
+      EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, -1.0, at::kFloat))) << "rank " << rank;
+      throw;
+    }
+  });
+  const auto e0 = error_of(errors[0]);
+  const auto e1 = error_of(errors[1]);
+  ASSERT_TRUE(e0 && e1);
+  EXPECT_EQ(e0->code(), ErrorCode::distributed_rank_failed);
+  EXPECT_NE(e0->detail().find("rank 1: state_value_invalid"), std::string::npos) << e0->detail();
+  EXPECT_EQ(e1->code(), ErrorCode::state_value_invalid);
+}
+
+TEST_F(DistributedCheckpoint, WrongExpectedDigestIsRejectedEverywhere) {
+  save_steps(2, {2});
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options_with_counter());
+    DistributedLoadOptions options;
+    options.expected_sha256 = Sha256::of(testing::bytes_of("not the manifest"));
+    checkpointer.load(run_ / "checkpoints" / "step-00000002.pt", options);
+  });
+  for (const auto& error : errors) {
+    const auto e = error_of(error);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), ErrorCode::sha256_mismatch) << e->what();
+  }
+}
+
+// ---- world size ------------------------------------------------------------------------------
+
+TEST_F(DistributedCheckpoint, ChangedWorldSizeNeedsPermissionAndAnUnqualifiedProfile) {
+  save_steps(2, {2});
+  const auto manifest = run_ / "checkpoints" / "step-00000002.pt";
+  // Refused without permission.
+  auto errors = run_ranks(1, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "one", options_with_counter());
+    checkpointer.load(manifest);
+  });
+  ASSERT_TRUE(error_of(errors[0]));
+  EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::distributed_world_size_changed);
+  // Refused under a qualified profile even with permission (checked before the profile's preconditions).
+  errors = run_ranks(1, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    setup.state.set_profile(ResumeProfile::cpu_gloo_ddp_v1);
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "two", options_with_counter());
+    checkpointer.load(manifest, allow_change());
+  });
+  ASSERT_TRUE(error_of(errors[0]));
+  EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::distributed_world_size_changed);
+  // Accepted with permission as unqualified: replicated state whole, rank-local from rank 0.
+  expect_all_ok(run_ranks(1, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    setup.counter.value = -1;
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "three", options_with_counter());
+    const auto report = checkpointer.load(manifest, allow_change());
+    EXPECT_TRUE(report.world_size_changed);
+    EXPECT_EQ(report.saved_world_size, 2);
+    EXPECT_EQ(report.rank_local_source, 0);
+    EXPECT_EQ(setup.counter.value, 200);
+    EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, 2.0, at::kFloat)));
+  }));
+}
+
+// ---- profile ---------------------------------------------------------------------------------
+
+TEST(DistributedProfile, GlooDdpProfileNeedsADistributedSamplerAndRankLocalGenerators) {
+  ProfileFacts facts;
+  facts.distributed = true;
+  facts.world_size = 2;
+  facts.sampler_kind = "distributed";
+  facts.cpu_generator_registered = true;
+  facts.rank_local_generators = true;
+  EXPECT_TRUE(profile_violations(ResumeProfile::cpu_gloo_ddp_v1, facts).empty());
+  EXPECT_EQ(resume_profile_from_name("cpu-gloo-ddp-v1"), ResumeProfile::cpu_gloo_ddp_v1);
+  auto broken = facts;
+  broken.rank_local_generators = false;
+  EXPECT_EQ(profile_violations(ResumeProfile::cpu_gloo_ddp_v1, broken).size(), 1u);
+  broken = facts;
+  broken.sampler_kind = "random";
+  EXPECT_EQ(profile_violations(ResumeProfile::cpu_gloo_ddp_v1, broken).size(), 1u);
+  broken = facts;
+  broken.distributed = false;
+  EXPECT_EQ(profile_violations(ResumeProfile::cpu_gloo_ddp_v1, broken).size(), 1u);
+  // The single-process profiles refuse distributed training.
+  EXPECT_FALSE(profile_violations(ResumeProfile::cpu_basic_v1, facts).empty());
+}
+
+TEST_F(DistributedCheckpoint, QualifiedProfileRoundTripsWithSamplerAndGenerators) {
+  std::vector<std::vector<std::int64_t>> drawn(2);
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedSampler sampler(24, 5, 2, rank);
+    SamplerState sampler_state(sampler);
+    std::mt19937 engine(static_cast<std::uint32_t>(rank + 1));
+    RngRegistry rng;
+    rng.add("cpu", at::detail::getDefaultCPUGenerator());
+    rng.add("engine", engine);
+    setup.state.add(sampler_state).add(rng).set_profile(ResumeProfile::cpu_gloo_ddp_v1);
+    DistributedCheckpointOptions options;
+    options.rank_local = {"sampler", "rng", "counter"};
+    options.run.durable = false;
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    sampler.next();
+    sampler.next();
+    checkpointer.save(at_step(1));
+    const auto expected_next = sampler.next();
+    const auto expected_draw = engine();
+    sampler.next();
+    engine();
+    checkpointer.load(run_ / "checkpoints" / "step-00000001.pt");
+    EXPECT_EQ(sampler.next(), expected_next);
+    EXPECT_EQ(engine(), expected_draw);
+  }));
+}
+
+// ---- DistributedSampler ----------------------------------------------------------------------
+
+std::vector<std::int64_t> drain(DistributedSampler& sampler) {
+  std::vector<std::int64_t> out;
+  while (const auto id = sampler.next()) out.push_back(*id);
+  return out;
+}
+
+TEST(DistributedSamplerTest, RanksOfOneWorldConsumeEachIndexOfAnEpochOnce) {
+  for (const std::int64_t world : {1, 2, 3, 4}) {
+    std::multiset<std::int64_t> seen;
+    for (std::int64_t rank = 0; rank < world; ++rank) {
+      DistributedSampler sampler(25, 9, world, rank);
+      sampler.start_epoch(3);
+      for (const auto id : drain(sampler)) seen.insert(id);
+    }
+    EXPECT_EQ(seen.size(), 25u);
+    for (std::int64_t id = 0; id < 25; ++id) EXPECT_EQ(seen.count(id), 1u) << "world " << world << " id " << id;
+  }
+  EXPECT_NE(DistributedSampler::permutation(25, 9, 0), DistributedSampler::permutation(25, 9, 1));
+  EXPECT_EQ(DistributedSampler::permutation(25, 9, 1), DistributedSampler::permutation(25, 9, 1));
+}
+
+TEST(DistributedSamplerTest, WorldSizeChangeContinuesTheEpochWithoutSkipsOrRepeats) {
+  std::vector<DistributedSampler> old;
+  for (std::int64_t rank = 0; rank < 4; ++rank) old.emplace_back(48, 7, 4, rank);
+  std::multiset<std::int64_t> seen;
+  for (auto& sampler : old) {
+    for (int i = 0; i < 5; ++i) seen.insert(*sampler.next());
+  }
+  std::vector<Value> states;
+  for (const auto& sampler : old) states.push_back(sampler.capture_state(CaptureMode::copy));
+  std::vector<const Value*> saved;
+  for (const auto& state : states) saved.push_back(&state);
+  for (std::int64_t rank = 0; rank < 2; ++rank) {
+    DistributedSampler resumed(48, 7, 2, rank);
+    const Value state = reassign_distributed_sampler_state(saved, rank, 2);
+    resumed.validate_state(state);
+    resumed.apply_state(state);
+    for (const auto id : drain(resumed)) seen.insert(id);
+  }
+  EXPECT_EQ(seen.size(), 48u);
+  for (std::int64_t id = 0; id < 48; ++id) EXPECT_EQ(seen.count(id), 1u) << id;
+}
+
+TEST(DistributedSamplerTest, UnevenCursorsAreNotReassigned) {
+  DistributedSampler a(48, 7, 2, 0), b(48, 7, 2, 1);
+  a.next();
+  const Value sa = a.capture_state(CaptureMode::copy), sb = b.capture_state(CaptureMode::copy);
+  const std::vector<const Value*> saved{&sa, &sb};
+  try {
+    reassign_distributed_sampler_state(saved, 0, 4);
+    FAIL() << "uneven cursors were reassigned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::distributed_cursor_uneven);
+  }
+}
+
+TEST(DistributedSamplerTest, StateOfAnotherRankOrSeedIsRejected) {
+  DistributedSampler rank0(48, 7, 2, 0), rank1(48, 7, 2, 1), other_seed(48, 8, 2, 0);
+  const Value state = rank0.capture_state(CaptureMode::copy);
+  try {
+    rank1.validate_state(state);
+    FAIL() << "rank 0's state validated on rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::state_value_invalid);
+  }
+  try {
+    other_seed.validate_state(state);
+    FAIL() << "another seed's state validated";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::state_structure_mismatch);
+  }
+}
+
+}  // namespace
+}  // namespace holdpoint
