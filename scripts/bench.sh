@@ -2,12 +2,13 @@
 # Builds and runs the benchmarks; the Markdown report goes to stdout.
 #   bash scripts/bench.sh [checkpoint] [--case big|many|all] [--repeat N] [--dir DIR]
 #   bash scripts/bench.sh publication [--mib N] [--repeat N] [--dir DIR] [--json FILE]
+#   bash scripts/bench.sh distributed [--mib N] [--world W] [--repeat N] [--dir DIR] [--json FILE]
 # Without a benchmark name the checkpoint benchmark runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=checkpoint
 case "${1:-}" in
-  checkpoint|publication) bench=$1; shift ;;
+  checkpoint|publication|distributed) bench=$1; shift ;;
 esac
 bash scripts/build.sh >&2
 build_dir=${HOLDPOINT_BUILD_DIR:-build}
