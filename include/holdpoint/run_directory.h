@@ -209,7 +209,8 @@ class RunDirectory {
   // directory checkpoints/step-<N>.shards/ for the ranks to publish their
   // shards into and returns its path; a leftover of an uncommitted earlier
   // attempt at this step is removed first. A committed step is refused
-  // (run_generation_exists). The step manifest is then committed with
+  // (run_generation_exists), and so is a step before LATEST's
+  // (run_step_not_increasing). The step manifest is then committed with
   // commit(); recovery removes a shard directory without a committed
   // manifest, and retention removes it with its manifest (manifest first).
   std::filesystem::path prepare_shard_directory(std::int64_t step);

@@ -916,6 +916,10 @@ std::filesystem::path RunDirectory::prepare_shard_directory(std::int64_t step) {
   if (d.committed.count(step)) {
     fail(ErrorCode::run_generation_exists, d.path.string(), ": step ", step, " is already committed");
   }
+  if (d.latest && step < *d.latest) {
+    // Refused before any rank writes a shard, not at the commit.
+    fail(ErrorCode::run_step_not_increasing, d.path.string(), ": step ", step, " is before LATEST's step ", *d.latest);
+  }
   try {
     io::Directory& dir = d.checkpoints_dir();
     if (const auto info = dir.stat(name)) {

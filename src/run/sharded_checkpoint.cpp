@@ -237,12 +237,7 @@ Value merge_at(const std::string& component, const std::string& path, std::span<
       std::vector<const Value*> column(pieces.size());
       std::size_t i = 0;
       for (const auto& [key, item] : keys) {
-        std::size_t r = 0;
-        for (const Value* piece : pieces) {
-          auto it = piece->as_dict().begin();
-          std::advance(it, static_cast<std::ptrdiff_t>(i));
-          column[r++] = &it->second;
-        }
+        for (std::size_t r = 0; r < pieces.size(); ++r) column[r] = &pieces[r]->as_dict().at_index(i).second;
         entries.insert(key, merge_at(component, concat(path, "[", key.to_string(), "]"), column));
         ++i;
       }

@@ -302,6 +302,25 @@ TEST_F(DistributedCheckpoint, CoordinatorFailureFailsTheSaveOnEveryRank) {
   EXPECT_NE(e1->detail().find("rank 0: run_generation_exists"), std::string::npos) << e1->detail();
 }
 
+TEST_F(DistributedCheckpoint, AStepBeforeLatestIsRefusedBeforeAnyShardIsWritten) {
+  save_steps(2, {4});
+  std::atomic<int> shards_started{0};
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointOptions options = options_with_counter();
+    options.phase_hook = [&](std::string_view phase) {
+      if (phase == "before-shard") ++shards_started;
+    };
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    checkpointer.save(at_step(2));
+  });
+  ASSERT_TRUE(error_of(errors[0]) && error_of(errors[1]));
+  EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::run_step_not_increasing);
+  EXPECT_EQ(error_of(errors[1])->code(), ErrorCode::distributed_rank_failed);
+  EXPECT_EQ(shards_started.load(), 0);
+  EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.shards"));
+}
+
 TEST_F(DistributedCheckpoint, PartialShardDirectoryIsRemovedByRecovery) {
   save_steps(2, {2});
   const auto partial = run_ / "checkpoints" / "step-00000004.shards";
