@@ -2,14 +2,20 @@
 // c10d process group (docs/distributed.md).
 //
 // The API takes a c10d::ProcessGroup& and uses only its collectives
-// (allgather of int64 and uint8 tensors), so Gloo (CPU, tests) and NCCL
-// behave the same; nothing here names a backend.
+// (allgather of CPU int64 and uint8 tensors); nothing here names a backend.
+// A group that carries only device tensors (NCCL) needs a CPU-capable group
+// over the same ranks for these small agreement messages: pass a Gloo group
+// as DistributedCheckpointOptions::coordination (untested here: this machine
+// has no GPU).
 //
 // Save (collective; every rank calls save() with the same spec):
 //   1. each rank captures its TrainingState; replicated components (all but
 //      `rank_local`) are partitioned so each storage is written by one rank
 //      (holdpoint/sharded_checkpoint.h); the ranks check they partitioned
-//      alike, and the coordinator (rank 0) creates checkpoints/step-N.shards/;
+//      alike (distributed_replicated_mismatch) and agree on the step,
+//      configuration identity, profile, semantic identity and component
+//      names (distributed_ranks_disagree), and the coordinator (rank 0)
+//      creates checkpoints/step-N.shards/;
 //   2. each rank publishes its shard (staged, SHA-256 while streaming,
 //      fsynced, read back and verified, renamed, directory fsynced);
 //   3. sizes and digests are gathered; any rank's failure fails the save on
@@ -42,9 +48,16 @@
 //
 // Failure contract: holdpoint::Error; distributed_rank_failed on ranks whose
 // own part succeeded when another's failed (detail: "rank R: <code>: <reason>"
-// for each failed rank); the failing rank throws its own code with the same
-// detail appended. A c10d failure (a peer died, a timeout) propagates as the
-// c10::Error the group throws; the group is unusable afterwards.
+// for each failed rank); a rank that failed with a holdpoint::Error throws its
+// own code with that same detail (one that failed with another exception
+// throws distributed_rank_failed). A failure of the group itself (a peer
+// died, a timeout) propagates as the exception the backend throws (Gloo:
+// std::runtime_error "Connection closed by peer" or c10::Error); the group
+// is unusable afterwards. Limits: an apply failure after the ranks agreed (out of memory)
+// is rolled back on that rank only; a commit that moved LATEST but failed
+// afterwards (BEST, retention) is reported as a failure on every rank,
+// although the generation is committed. Shards and the commit's checks
+// use the POSIX file system, whatever RunDirectoryOptions::file_system says.
 //
 // Thread-safety: collective calls must be made by every rank in the same
 // order, from one thread per rank.
@@ -76,6 +89,9 @@ struct DistributedCheckpointOptions {
   // The coordinator's run directory (retention, best metric, limits, durability).
   RunDirectoryOptions run;
   bool torch_1_13_compatible = false;
+  // The group for the agreement collectives (CPU tensors); null: the
+  // checkpointer's group. Must hold the same ranks.
+  c10d::ProcessGroup* coordination = nullptr;
   // Test instrumentation: called on each rank at "before-shard",
   // "after-shard", "before-commit" (coordinator) and "published" (coordinator,
   // inside the commit once the step manifest is durable and before LATEST moves).

@@ -211,7 +211,8 @@ namespace holdpoint {
   X(shard_identity_mismatch, "a shard's own manifest names another rank, world size or step than the step manifest") \
   X(shard_piece_conflict, "the shards' pieces of a replicated component disagree (two ranks hold one tensor, or their structure or values differ)") \
   X(distributed_rank_failed, "another rank failed its part of a collective save or load; every rank rejects it, naming the rank and its reason") \
-  X(distributed_replicated_mismatch, "the replicated state differs in structure across ranks, so it cannot be partitioned into one copy") \
+  X(distributed_replicated_mismatch, "the replicated state differs across ranks (structure, tensor sizes or scalar values), so it cannot be written as one copy") \
+  X(distributed_ranks_disagree, "the ranks of a collective save disagree on the step, configuration identity, profile, semantic identity or component names") \
   X(distributed_world_size_changed, "the checkpoint was saved by another number of ranks; only an unqualified resume that allows it may change the world size") \
   X(distributed_cursor_uneven, "the saved ranks' sampler cursors differ, so the global position cannot be reassigned to a new world size") \
   /* resume verification (verify layer) */                                                    \

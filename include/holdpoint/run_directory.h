@@ -125,6 +125,11 @@ struct RecoveryReport {
   bool read_only = false;             // nothing was changed: the fields say what would be
 
   bool clean() const noexcept;
+  // With no verified LATEST: evidence that an earlier run had generations
+  // that are now unusable (damaged, quarantined, indexed but missing, a
+  // malformed LATEST), in words; nullopt for a genuinely new run. Resuming
+  // refuses to start over when this is set (run_no_generation).
+  std::optional<std::string> lost_generations() const;
   // One line per finding, for logs.
   std::vector<std::string> lines() const;
 };

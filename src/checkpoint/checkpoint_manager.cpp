@@ -92,16 +92,11 @@ std::optional<LoadReport> CheckpointManager::resume() {
   impl_->rethrow(impl_->join());
   const auto latest = impl_->run.latest();
   if (!latest) {
-    const RecoveryReport& found = impl_->run.recovery();
     // Evidence of an earlier run with nothing usable left: refuse to start
     // over silently.
-    if (!found.damaged.empty() || !found.previously_quarantined.empty() || !found.dropped_from_index.empty() ||
-        (found.latest_problem && *found.latest_problem != "missing")) {
+    if (const auto lost = impl_->run.recovery().lost_generations()) {
       detail::fail(ErrorCode::run_no_generation, impl_->run.path().string(),
-                   ": no generation verifies, but the run directory shows an earlier run (", found.damaged.size() +
-                   found.previously_quarantined.size(), " damaged generations moved aside as *.damaged, ",
-                   found.dropped_from_index.size(), " indexed generations missing",
-                   found.latest_problem ? ", LATEST " + *found.latest_problem : std::string(),
+                   ": no generation verifies, but the run directory shows an earlier run (", *lost,
                    "); resuming from scratch is refused. Inspect with `holdpoint ls`, then remove the run directory "
                    "to start over");
     }

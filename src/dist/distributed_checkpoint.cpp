@@ -90,7 +90,6 @@ std::vector<std::string> agree(c10d::ProcessGroup& group, std::string_view phase
   if (failures.empty()) return payloads;
   const std::string detail = concat(phase, " rejected on every rank (", failures, ")");
   if (mine && mine->error) throw Error(mine->error->code(), detail);
-  if (mine) fail(ErrorCode::distributed_rank_failed, detail);
   fail(ErrorCode::distributed_rank_failed, detail);
 }
 
@@ -120,7 +119,7 @@ std::vector<std::string> split_lines(const std::string& text) {
 }  // namespace
 
 struct DistributedCheckpointer::Impl {
-  c10d::ProcessGroup& group;
+  c10d::ProcessGroup& group;  // the agreement collectives' (options.coordination, else the caller's group)
   TrainingState& state;
   std::filesystem::path path;
   DistributedCheckpointOptions options;
@@ -130,6 +129,8 @@ struct DistributedCheckpointer::Impl {
   std::optional<GenerationInfo> latest;
 
   Impl(c10d::ProcessGroup& g, TrainingState& s) : group(g), state(s) {}
+  Impl(c10d::ProcessGroup& g, TrainingState& s, c10d::ProcessGroup* coordination)
+      : group(coordination ? *coordination : g), state(s) {}
 
   void hook(std::string_view phase) const {
     if (options.phase_hook) options.phase_hook(phase);
@@ -140,11 +141,11 @@ struct DistributedCheckpointer::Impl {
   }
 
   std::string latest_text() const {
-    return latest ? concat(latest->name, " ", latest->sha256.hex(), " ", latest->step) : std::string("none");
+    return latest ? concat(latest->name, " ", latest->sha256.hex(), " ", latest->step, " ", latest->world_size)
+                  : std::string("none");
   }
 
   void set_latest(const std::string& text) {
-    const auto parts = split_lines(text);
     if (text == "none" || text.empty()) {
       latest.reset();
       return;
@@ -152,11 +153,10 @@ struct DistributedCheckpointer::Impl {
     std::istringstream in(text);
     GenerationInfo g;
     std::string hex;
-    in >> g.name >> hex >> g.step;
+    in >> g.name >> hex >> g.step >> g.world_size;
     const auto digest = Sha256Digest::from_hex(hex);
     if (!digest) fail(ErrorCode::distributed_rank_failed, "the coordinator sent a malformed LATEST: ", text);
     g.sha256 = *digest;
-    g.world_size = world;
     latest = g;
   }
 };
@@ -164,12 +164,16 @@ struct DistributedCheckpointer::Impl {
 DistributedCheckpointer::DistributedCheckpointer(c10d::ProcessGroup& group, TrainingState& state,
                                                  std::filesystem::path run_directory,
                                                  DistributedCheckpointOptions options)
-    : impl_(std::make_unique<Impl>(group, state)) {
+    : impl_(std::make_unique<Impl>(group, state, options.coordination)) {
   Impl& d = *impl_;
   d.path = std::move(run_directory);
   d.options = std::move(options);
   d.rank = group.getRank();
   d.world = group.getSize();
+  if (d.group.getRank() != d.rank || d.group.getSize() != d.world) {
+    fail(ErrorCode::invalid_argument, "the coordination group is rank ", d.group.getRank(), " of ",
+         d.group.getSize(), "; the process group is rank ", d.rank, " of ", d.world, ": they must be the same ranks");
+  }
   TrainingEnvironment environment = state.environment();
   environment.distributed = true;
   environment.world_size = d.world;
@@ -226,6 +230,18 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
     partition = partition_replicated(replicated, d.world);
     if (d.rank == 0) shards_path = d.run->prepare_shard_directory(spec.step);
   });
+  // What every rank must agree on besides the replicated structure: the step,
+  // the configuration identity, profile and semantic identity, and which
+  // components are replicated or rank-local.
+  std::string identity;
+  if (!mine) {
+    const Manifest& m = prepared.manifest();
+    identity = concat("step ", spec.step, "; config ", m.config.load_bearing_digest().hex(), "; profile ", m.profile,
+                      "; semantic identity '", m.semantic_identity, "'; replicated");
+    for (const auto& n : replicated_names) identity += " " + n;
+    identity += "; rank-local";
+    for (const auto& n : rank_local_names) identity += " " + n;
+  }
   const auto discard = [&] {
     if (d.rank != 0 || !d.run) return;
     try {
@@ -237,18 +253,25 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
   std::vector<std::string> prepared_payloads;
   try {
     prepared_payloads = agree(d.group, concat("saving step ", spec.step, ": capture"), mine,
-                              concat(partition.fingerprint.hex(), "\n", shards_path.string()));
+                              concat(partition.fingerprint.hex(), "\n", identity, "\n", shards_path.string()));
   } catch (const Error&) {
     discard();
     throw;
   }
   for (std::size_t r = 1; r < prepared_payloads.size(); ++r) {
-    if (split_lines(prepared_payloads[r]).at(0) != split_lines(prepared_payloads[0]).at(0)) {
+    const auto theirs = split_lines(prepared_payloads[r]);
+    const auto coordinator = split_lines(prepared_payloads[0]);
+    if (theirs.at(1) != coordinator.at(1)) {
+      discard();
+      fail(ErrorCode::distributed_ranks_disagree, "saving step ", spec.step, ": rank ", r, " has ", theirs.at(1),
+           "; rank 0 has ", coordinator.at(1));
+    }
+    if (theirs.at(0) != coordinator.at(0)) {
       discard();
       fail(ErrorCode::distributed_replicated_mismatch, "saving step ", spec.step, ": rank ", r,
-           "'s replicated components (", concat(replicated_names.size()), " of them) differ in structure or size from "
-           "rank 0's, so they cannot be written once for all ranks; check that every rank registers the same "
-           "replicated components (rank-local ones: ", [&] {
+           "'s replicated components differ from rank 0's in structure, tensor sizes or scalar values, so they "
+           "cannot be written once for all ranks; a component that differs per rank must be rank-local "
+           "(rank-local now: ", [&] {
              std::string names;
              for (const auto& n : d.options.rank_local) names += (names.empty() ? "" : ", ") + n;
              return names;
@@ -256,7 +279,7 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
     }
   }
   const auto coordinator_lines = split_lines(prepared_payloads[0]);
-  shards_path = coordinator_lines.size() > 1 ? std::filesystem::path(coordinator_lines[1]) : std::filesystem::path();
+  shards_path = coordinator_lines.size() > 2 ? std::filesystem::path(coordinator_lines[2]) : std::filesystem::path();
 
   // 2. Every rank publishes its shard.
   d.hook("before-shard");
@@ -386,9 +409,11 @@ std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const Distr
   const auto mine = attempt([&] {
     if (d.rank != 0) return;
     d.latest = d.run->latest();
-    if (!d.latest && !d.run->recovery().damaged.empty()) {
+    if (const auto lost = d.latest ? std::nullopt : d.run->recovery().lost_generations()) {
       fail(ErrorCode::run_no_generation, d.path.string(),
-           ": every generation is damaged (moved aside as *.damaged); resuming from scratch is refused");
+           ": no generation verifies, but the run directory shows an earlier run (", *lost,
+           "); resuming from scratch is refused. Inspect with `holdpoint ls`, then remove the run directory to "
+           "start over");
     }
   });
   const auto payloads = agree(d.group, "resuming", mine, d.rank == 0 ? d.latest_text() : "");
@@ -477,6 +502,7 @@ DistributedLoadReport DistributedCheckpointer::load(const std::filesystem::path&
   }
   if (failure) agree(d.group, phase, failure);  // throws on every rank
   if (out.world_size_changed) {
+    out.report.profile = std::string(resume_profile_name(ResumeProfile::unqualified));
     out.report.warnings.push_back(concat("resumed a checkpoint of ", out.saved_world_size, " ranks on ", d.world,
                                          " as unqualified: rank-local state from saved rank ", out.rank_local_source,
                                          ", the sampler's global position reassigned"));

@@ -218,6 +218,16 @@ bool RecoveryReport::clean() const noexcept {
          dropped_from_index.empty() && !latest_problem && !best_problem && !index_problem;
 }
 
+std::optional<std::string> RecoveryReport::lost_generations() const {
+  if (damaged.empty() && previously_quarantined.empty() && dropped_from_index.empty() &&
+      !(latest_problem && *latest_problem != "missing")) {
+    return std::nullopt;
+  }
+  return concat(damaged.size() + previously_quarantined.size(), " damaged generations moved aside as *.damaged, ",
+                dropped_from_index.size(), " indexed generations missing",
+                latest_problem ? ", LATEST " + *latest_problem : std::string());
+}
+
 std::vector<std::string> RecoveryReport::lines() const {
   const std::string verb = read_only ? "would remove" : "removed";
   std::vector<std::string> out;
@@ -321,19 +331,37 @@ struct RunDirectory::Impl {
   }
 
   // verify_bytes, and for a step manifest every shard it names.
-  void verify_content(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) const {
+  // Returns the ranks of a sharded generation (0 for a single file).
+  std::int64_t verify_content(const GenerationInfo& g, std::span<std::byte> bytes,
+                              const std::shared_ptr<const void>& owner) const {
     const Manifest manifest = read_generation_manifest(bytes, owner, options.limits);
-    if (manifest.kind == CheckpointKind::sharded) verify_shards(*checkpoints, manifest, options.limits);
+    if (manifest.kind != CheckpointKind::sharded) return 0;
+    if (manifest.sharding->step != g.step) {
+      fail(ErrorCode::shard_identity_mismatch, "checkpoints/", g.name, " is the step manifest of step ",
+           manifest.sharding->step, ", not of step ", g.step);
+    }
+    verify_shards(*checkpoints, manifest, options.limits);
+    return manifest.sharding->world_size;
   }
 
   // Removes checkpoints/<name>/ and the files in it (shard directories hold
   // only shard and staging files).
-  void remove_tree(const std::string& name) {
+  void remove_tree(const std::string& name) { remove_tree(*checkpoints, name); }
+  // Subdirectories are descended (a stray one must not block recovery);
+  // symlinks are unlinked, never followed.
+  static void remove_tree(io::Directory& parent, const std::string& name) {
     {
-      auto directory = checkpoints->open_subdirectory(name, false);
-      for (const auto& entry : directory->list()) directory->unlink(entry);
+      auto directory = parent.open_subdirectory(name, false);
+      for (const auto& entry : directory->list()) {
+        const auto info = directory->stat(entry);
+        if (info && info->type == io::FileInfo::Type::directory) {
+          remove_tree(*directory, entry);
+        } else {
+          directory->unlink(entry);
+        }
+      }
     }
-    checkpoints->remove_directory(name);
+    parent.remove_directory(name);
   }
 
   // Full verification of a recorded generation: sidecar, size, SHA-256,
@@ -360,7 +388,7 @@ struct RunDirectory::Impl {
         fail(ErrorCode::file_changed_during_read, "checkpoints/", g.name, " holds ", snapshot.buffer->size(),
              " bytes; ", g.size, " were recorded");
       }
-      verify_content(snapshot.buffer->bytes(), snapshot.buffer);
+      verify_content(g, snapshot.buffer->bytes(), snapshot.buffer);
       result.ok = true;
     } catch (const Error& error) {
       if (unreadable_throws && unreadable_here(error.code())) {
@@ -390,7 +418,7 @@ struct RunDirectory::Impl {
         fail(ErrorCode::sha256_mismatch, "checkpoints/", g.name, " hashes to ", g.sha256.hex(), "; its sidecar says ",
              sidecar_digest->hex());
       }
-      verify_content(snapshot.buffer->bytes(), snapshot.buffer);
+      g.world_size = verify_content(g, snapshot.buffer->bytes(), snapshot.buffer);
       result.ok = true;
     } catch (const Error& error) {
       if (unreadable_here(error.code())) {
@@ -408,18 +436,19 @@ struct RunDirectory::Impl {
   // Moves a damaged generation (and its sidecar) aside under a name that is
   // not a generation's, so nothing here deletes or re-adopts it.
   void quarantine(const std::string& name) {
-    std::string aside = name + std::string(kDamagedSuffix);
-    for (int n = 2; checkpoints->stat(aside) || checkpoints->stat(aside + std::string(kSidecarSuffix)); ++n) {
-      aside = concat(name, kDamagedSuffix, "-", n);
-    }
-    report.quarantined.push_back(aside);
     // A sharded generation's shards go aside with it, under the same suffix.
     const auto step = parse_generation_name(name);
     const std::string shards = step ? shard_directory_name(*step) : std::string();
-    const std::string shards_aside = shards + aside.substr(name.size());
     const auto shards_info = step ? checkpoints->stat(shards) : std::nullopt;
-    const bool move_shards =
-        shards_info && shards_info->type == io::FileInfo::Type::directory && !checkpoints->stat(shards_aside);
+    const bool move_shards = shards_info && shards_info->type == io::FileInfo::Type::directory;
+    std::string aside = name + std::string(kDamagedSuffix);
+    const auto taken = [&](const std::string& candidate) {
+      return checkpoints->stat(candidate) || checkpoints->stat(candidate + std::string(kSidecarSuffix)) ||
+             (move_shards && checkpoints->stat(shards + candidate.substr(name.size())));
+    };
+    for (int n = 2; taken(aside); ++n) aside = concat(name, kDamagedSuffix, "-", n);
+    report.quarantined.push_back(aside);
+    const std::string shards_aside = shards + aside.substr(name.size());
     if (move_shards) report.quarantined.push_back(shards_aside);
     if (!options.recover) return;
     checkpoints->rename(name, aside, false);
@@ -500,7 +529,9 @@ void RunDirectory::Impl::open() {
         shard_directories.emplace(*shard_step, name);
       } else if (name.ends_with(kSidecarSuffix) && parse_generation_name(name.substr(0, name.size() - kSidecarSuffix.size()))) {
         sidecars.insert(name);
-      } else if (name.find(kDamagedSuffix) != std::string::npos && parse_generation_name(name.substr(0, name.find(kDamagedSuffix)))) {
+      } else if (name.find(kDamagedSuffix) != std::string::npos &&
+                 (parse_generation_name(name.substr(0, name.find(kDamagedSuffix))) ||
+                  parse_shard_directory_name(name.substr(0, name.find(kDamagedSuffix))))) {
         if (!name.ends_with(kSidecarSuffix)) report.previously_quarantined.push_back(name);
       }
     }
@@ -1028,9 +1059,13 @@ std::vector<std::string> RunDirectory::collect_garbage(const RetentionPolicy& po
     for (const auto& name : plan.remove) {
       dir.unlink(name);
       if (dir.stat(sidecar_name(name))) dir.unlink(sidecar_name(name));
-      // The manifest went first: a crash here leaves shards recovery removes.
+      // The manifest goes first (durably): a crash then leaves shards that
+      // recovery removes, never a manifest without its shards.
       const std::string shards = shard_directory_name(*parse_generation_name(name));
-      if (const auto info = dir.stat(shards); info && info->type == io::FileInfo::Type::directory) d.remove_tree(shards);
+      if (const auto info = dir.stat(shards); info && info->type == io::FileInfo::Type::directory) {
+        if (d.options.durable) dir.sync();
+        d.remove_tree(shards);
+      }
       d.log(concat(d.path.string(), ": retention removed ", name));
     }
     if (d.options.durable) dir.sync();

@@ -293,7 +293,7 @@ LoadedMapping read_shard(io::Directory& shards, const Manifest& step_manifest, s
   } catch (const Error& error) {
     if (error.code() != ErrorCode::sha256_mismatch) throw;
     throw Error(ErrorCode::shard_digest_mismatch,
-                concat(label, ": ", error.detail(), " (the step manifest records ", record.sha256.hex(), ")"))
+                concat("rank ", rank, "'s shard differs from the digest its step manifest records: ", error.detail()))
         .with_path(error.path());
   }
   LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, limits);

@@ -286,6 +286,33 @@ TEST_F(DistributedCheckpoint, ReplicatedScalarsThatDifferAcrossRanksAreRefusedAt
   EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.pt"));
 }
 
+TEST_F(DistributedCheckpoint, RanksSavingDifferentStepsOrConfigurationsDisagree) {
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    checkpointer.save(at_step(rank == 0 ? 2 : 3));
+  });
+  for (const auto& error : errors) {
+    const auto e = error_of(error);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), ErrorCode::distributed_ranks_disagree) << e->what();
+  }
+  const auto config_errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    TrainingConfig config;
+    config.load_bearing("lr", Value::floating(rank == 0 ? 0.1 : 0.2));
+    setup.state.set_config(config);
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    checkpointer.save(at_step(2));
+  });
+  for (const auto& error : config_errors) {
+    const auto e = error_of(error);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->code(), ErrorCode::distributed_ranks_disagree) << e->what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.shards"));
+}
+
 TEST_F(DistributedCheckpoint, CoordinatorFailureFailsTheSaveOnEveryRank) {
   save_steps(2, {4});
   // Step 4 is committed: the coordinator refuses a second one, so every rank must fail.

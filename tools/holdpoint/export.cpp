@@ -10,23 +10,29 @@
 //   3. Every file is written into DEST through io::publish (staged, fsynced,
 //      re-read, checkpoints parsed by the restricted reader, renamed without
 //      replacing, directory fsynced), in the run directory's commit order:
-//      generations and sidecars, index.json, BEST, then LATEST.
+//      generations and sidecars, index.json, BEST, then LATEST. A sharded
+//      generation's shards (checked whole in the source first) are published
+//      into DEST's step-N.shards/ before its step manifest, whose verifier
+//      checks them there.
 //   4. Checks at DEST: each copy re-read for size and SHA-256 against the
 //      source; DEST opened as a run directory with recover = false must need
 //      no recovery, with the expected LATEST/BEST; LATEST loaded back through
-//      RunDirectory::load and its manifest read.
+//      RunDirectory::load and its manifest read; a sharded LATEST is read back
+//      whole with read_sharded_checkpoint and its components merged.
 //   5. LOADING.md, then RECOVERY-PROOF.json last: an export without
 //      RECOVERY-PROOF.json did not finish and should be deleted.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "holdpoint/manifest.h"
+#include "holdpoint/sharded_checkpoint.h"
 #include "holdpoint_version.h"
 #include "io/file_system.h"
 #include "io/publish.h"
@@ -204,6 +210,109 @@ class Exporter {
     io::publish_text(*destination_root_, std::string(kLatestPointer), pointer_text(latest_), options);
   }
 
+  // Publishes `bytes` as `name` in `directory` (staged, fsynced, re-read and
+  // checked by `verify`, renamed without replacing, directory fsynced).
+  static io::PublishResult publish_copy(io::Directory& directory, const std::string& name, const std::string& label,
+                                        std::span<std::byte> bytes, const Limits& limits,
+                                        const io::PublishVerifier& verify) {
+    io::PublishOptions options;
+    options.replace = false;
+    options.max_bytes = limits.max_file_bytes;
+    const auto progress = terminal_progress("writing " + label);
+    return io::publish(
+        directory, name, options,
+        [&](io::ByteSink& sink) {
+          for (std::uint64_t done = 0; done < bytes.size();) {
+            const std::uint64_t chunk = std::min<std::uint64_t>(kCopyChunk, bytes.size() - done);
+            sink.write_stable(bytes.subspan(done, chunk));
+            done += chunk;
+            if (progress) progress(done, bytes.size());
+          }
+        },
+        verify);
+  }
+
+  static Manifest manifest_of(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
+                              const Limits& limits) {
+    const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, limits);
+    const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
+    if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '" + std::string(kManifestKey) + "' manifest");
+    return Manifest::from_value(*manifest);
+  }
+
+  // Copies the shards of a sharded generation into DEST/checkpoints/step-N.shards/,
+  // after checking them whole in the source; on failure removes what it wrote,
+  // so DEST never holds a partial shard directory.
+  void copy_shards(io::Directory& source_checkpoints, const GenerationInfo& g, const Manifest& manifest,
+                   const Limits& limits) {
+    const Sharding& sharding = *manifest.sharding;
+    const std::string directory = shard_directory_name(sharding.step);
+    // Every shard's size, SHA-256, identity and components, against the step
+    // manifest read against the run's record: nothing is written for a
+    // generation whose shards do not verify.
+    ShardedReadOptions read_options;
+    read_options.limits = limits;
+    read_options.expected_sha256 = g.sha256;
+    read_sharded_checkpoint(source_checkpoints, g.name, read_options);
+    const auto source_shards = source_checkpoints.open_subdirectory(directory, false);
+    auto destination_shards = destination_checkpoints_->open_subdirectory(directory, true);
+    std::vector<std::string> written;
+    try {
+      for (const ShardRecord& record : sharding.shards) {
+        const std::string name = shard_file_name(record.rank);
+        const std::string source_label = args_.run + "/checkpoints/" + directory + "/" + name;
+        const std::string destination_label = args_.destination + "/checkpoints/" + directory + "/" + name;
+        // Read again against the step manifest's digest: what is copied is what was checked.
+        const io::Snapshot snapshot = source_shards->read(name, limits.max_file_bytes, record.sha256,
+                                                          terminal_progress("reading " + source_label));
+        if (snapshot.buffer->size() != record.size) {
+          fail(ErrorCode::shard_size_mismatch, source_label + " holds " + std::to_string(snapshot.buffer->size()) +
+                                                   " bytes; the step manifest records " + std::to_string(record.size));
+        }
+        written.push_back(name);
+        const auto published = publish_copy(
+            *destination_shards, name, destination_label, snapshot.buffer->bytes(), limits,
+            [&limits](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+              parse_checkpoint_bytes(bytes, owner, limits);
+            });
+        if (published.sha256 != record.sha256) {
+          fail(ErrorCode::shard_digest_mismatch, destination_label + " was written with SHA-256 " +
+                                                     published.sha256.hex() + "; the step manifest records " +
+                                                     record.sha256.hex());
+        }
+      }
+    } catch (const Error&) {
+      destination_shards.reset();
+      remove_destination_shards(directory);
+      throw;
+    }
+    add_check("source_shards_verify", g.name,
+              std::to_string(sharding.world_size) + " shards in " + directory +
+                  "/: sizes, SHA-256, identity and component digests as the step manifest records");
+    add_check("shards_copied", g.name,
+              std::to_string(sharding.world_size) + " shards published into DEST/checkpoints/" + directory +
+                  "/ before the step manifest, each re-read and parsed before its rename");
+    sharded_[g.name] = sharding;
+  }
+
+  // Removes DEST/checkpoints/<directory>/ and the shard files in it, best
+  // effort: a crash here leaves a shard directory without a committed
+  // manifest, which DEST's recovery removes.
+  void remove_destination_shards(const std::string& directory) noexcept {
+    try {
+      if (const auto info = destination_checkpoints_->stat(directory);
+          !info || info->type != io::FileInfo::Type::directory) {
+        return;
+      }
+      {
+        const auto shards = destination_checkpoints_->open_subdirectory(directory, false);
+        for (const auto& name : shards->list()) shards->unlink(name);
+      }
+      destination_checkpoints_->remove_directory(directory);
+    } catch (const Error&) {
+    }
+  }
+
   void copy_generation(io::Directory& source_checkpoints, const GenerationInfo& g, const Limits& limits) {
     const std::string source_label = args_.run + "/checkpoints/" + g.name;
     const std::string destination_label = args_.destination + "/checkpoints/" + g.name;
@@ -214,24 +323,29 @@ class Exporter {
       fail(ErrorCode::file_changed_during_read, source_label + " holds " + std::to_string(snapshot.buffer->size()) +
                                                     " bytes; the run recorded " + std::to_string(g.size));
     }
+    // A sharded generation: its shards first, as a sharded commit publishes them.
+    const Manifest manifest = manifest_of(snapshot.buffer->bytes(), snapshot.buffer, limits);
+    const bool sharded = manifest.kind == CheckpointKind::sharded;
+    if (sharded) copy_shards(source_checkpoints, g, manifest, limits);
     io::PublishOptions options;
     options.replace = false;
     options.max_bytes = limits.max_file_bytes;
-    const auto progress = terminal_progress("writing " + destination_label);
-    const auto bytes = snapshot.buffer->bytes();
-    const auto published = io::publish(
-        *destination_checkpoints_, g.name, options,
-        [&](io::ByteSink& sink) {
-          for (std::uint64_t done = 0; done < bytes.size();) {
-            const std::uint64_t chunk = std::min<std::uint64_t>(kCopyChunk, bytes.size() - done);
-            sink.write_stable(bytes.subspan(done, chunk));
-            done += chunk;
-            if (progress) progress(done, bytes.size());
-          }
-        },
-        [&limits](std::span<std::byte> written, const std::shared_ptr<const void>& owner) {
-          verify_generation_bytes(written, owner, limits);
-        });
+    io::PublishResult published;
+    try {
+      published = publish_copy(
+          *destination_checkpoints_, g.name, destination_label, snapshot.buffer->bytes(), limits,
+          [this, &limits](std::span<std::byte> written, const std::shared_ptr<const void>& owner) {
+            const Manifest copied = manifest_of(written, owner, limits);
+            // The step manifest's shards must verify at DEST before it appears there.
+            if (copied.kind == CheckpointKind::sharded) verify_shards(*destination_checkpoints_, copied, limits);
+          });
+    } catch (const Error&) {
+      if (sharded) {
+        sharded_.erase(g.name);
+        remove_destination_shards(shard_directory_name(manifest.sharding->step));
+      }
+      throw;
+    }
     if (published.sha256 != g.sha256) {
       fail(ErrorCode::sha256_mismatch, destination_label + " was written with SHA-256 " + published.sha256.hex() +
                                            "; the source's is " + g.sha256.hex());
@@ -266,6 +380,7 @@ class Exporter {
         fail(ErrorCode::sidecar_invalid, label + ".sha256 does not read back as written");
       }
       add_check("sidecar_matches", g.name + ".sha256", "'<sha256>  " + g.name + "', the line sha256sum -c checks");
+      if (const auto it = sharded_.find(g.name); it != sharded_.end()) verify_shard_copies(g, it->second, limits);
     }
 
     // DEST as a run directory, inspected without recovery: it must need none.
@@ -318,6 +433,49 @@ class Exporter {
                   std::to_string(latest->step));
     add_check("manifest_reads", latest->name, "the 'holdpoint' manifest reads (kind " +
                                                   std::string(checkpoint_kind_name(read.kind)) + ")");
+    if (read.kind == CheckpointKind::sharded) {
+      // A sharded LATEST is recovered only with every shard: read it whole from DEST.
+      ShardedReadOptions options;
+      options.expected_sha256 = latest_.sha256;
+      const ShardedCheckpoint sharded = read_sharded_checkpoint(*destination_checkpoints_, latest_.name, options);
+      const Value view = sharded.combined_view();
+      recovered_["world_size"] = sharded.sharding().world_size;
+      nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+      for (const ShardRecord& record : sharded.sharding().shards) {
+        shards.push_back({{"name", shard_directory_name(sharded.sharding().step) + "/" + shard_file_name(record.rank)},
+                          {"rank", record.rank},
+                          {"size", record.size},
+                          {"sha256", record.sha256.hex()}});
+      }
+      recovered_["shards"] = std::move(shards);
+      add_check("sharded_load_back", latest->name,
+                "read_sharded_checkpoint(DEST) read the step manifest and all " +
+                    std::to_string(sharded.sharding().world_size) +
+                    " shards (sizes, SHA-256, identity, component digests) and merged " +
+                    std::to_string(view.as_dict().size()) + " components");
+    }
+  }
+
+  void verify_shard_copies(const GenerationInfo& g, const Sharding& sharding, const Limits& limits) {
+    const std::string directory = shard_directory_name(sharding.step);
+    const auto shards = destination_checkpoints_->open_subdirectory(directory, false);
+    for (const ShardRecord& record : sharding.shards) {
+      const std::string name = shard_file_name(record.rank);
+      const std::string label = args_.destination + "/checkpoints/" + directory + "/" + name;
+      const io::Snapshot copy =
+          shards->read(name, limits.max_file_bytes, std::nullopt, terminal_progress("verifying " + label));
+      if (copy.buffer->size() != record.size) {
+        fail(ErrorCode::shard_size_mismatch, label + " holds " + std::to_string(copy.buffer->size()) +
+                                                 " bytes; the step manifest records " + std::to_string(record.size));
+      }
+      if (copy.sha256 != record.sha256) {
+        fail(ErrorCode::shard_digest_mismatch,
+             label + " has SHA-256 " + copy.sha256.hex() + "; the step manifest records " + record.sha256.hex());
+      }
+    }
+    add_check("shard_copies_match", g.name,
+              std::to_string(sharding.world_size) + " shards in " + directory +
+                  "/ re-read from DEST: sizes and SHA-256 as the step manifest records");
   }
 
   void add_check(std::string check, std::string subject, std::string detail) {
@@ -368,6 +526,19 @@ class Exporter {
       out << "| `" << g.name << "`" << (g.name == latest_.name ? " (LATEST)" : "")
           << (best_ && g.name == best_->name ? " (BEST)" : "") << " | " << g.step << " | " << g.epoch << " | " << g.size
           << " | `" << g.sha256.hex() << "` |\n";
+    }
+    if (!sharded_.empty()) {
+      out << "\nSharded generations (written by several ranks; docs/distributed.md): their `.pt` is the step\n"
+          << "manifest, which holds no state but records each shard's size and SHA-256; the state is in\n"
+          << "`checkpoints/step-NNNNNNNN.shards/rank-NNNNN.pt`, one file per rank:\n\n";
+      for (const auto& [name, sharding] : sharded_) {
+        out << "- `" << name << "`: world size " << sharding.world_size << ", shards in `checkpoints/"
+            << shard_directory_name(sharding.step) << "/`\n";
+      }
+      out << "\nShards have no sidecars: `holdpoint verify checkpoints/step-NNNNNNNN.pt` checks every shard\n"
+          << "against its step manifest. Load them with `DistributedCheckpointer` (every rank) or\n"
+          << "`holdpoint::read_sharded_checkpoint` (holdpoint/sharded_checkpoint.h); `torch.load` of a step\n"
+          << "manifest returns only the manifest.\n";
     }
     out << "\n## Check the files\n\n"
         << "```sh\ncd checkpoints && sha256sum -c *.sha256\nholdpoint verify .   # from this directory: every generation, LATEST and BEST\n```\n\n"
@@ -420,6 +591,7 @@ class Exporter {
   std::unique_ptr<io::Directory> destination_root_;
   std::unique_ptr<io::Directory> destination_checkpoints_;
   std::vector<ProofCheck> checks_;
+  std::map<std::string, Sharding> sharded_;  // copied sharded generations, by name
   nlohmann::ordered_json recovered_ = nlohmann::ordered_json::object();
 };
 

@@ -1,11 +1,14 @@
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "holdpoint/checkpoint_mapping.h"
+#include "holdpoint/sharded_checkpoint.h"
 #include "value_json.h"
 
 namespace holdpoint::cli {
@@ -120,19 +123,13 @@ nlohmann::ordered_json markers_json(const FormatMarkers& markers) {
   return out;
 }
 
-int run_inspect(const InspectArguments& args) {
-  LoadedMapping mapping;
-  try {
-    LoadOptions options;
-    options.progress = terminal_progress("reading " + args.file);
-    mapping = load_checkpoint_mapping(args.file, options);
-  } catch (const Error& error) {
-    std::cerr << (exit_code_for(error.code()) == kExitInvalid ? "invalid: " : "error: ")
-              << error_code_name(error.code()) << ": " << error.what() << "\n";
-    return exit_code_for(error.code());
-  }
-  Totals totals;
-  count_tensors(mapping.root, totals);
+int report_rejected(const Error& error) {
+  std::cerr << (exit_code_for(error.code()) == kExitInvalid ? "invalid: " : "error: ")
+            << error_code_name(error.code()) << ": " << error.what() << "\n";
+  return exit_code_for(error.code());
+}
+
+std::size_t count_storages(const LoadedMapping& mapping) {
   std::size_t storages = 0;
   for (const RecordInfo& record : mapping.records) {
     if (record.name.starts_with("data/") || record.name.starts_with("storage/") ||
@@ -140,6 +137,77 @@ int run_inspect(const InspectArguments& args) {
       ++storages;
     }
   }
+  return storages;
+}
+
+// A step manifest read with its shards (docs/distributed.md): the tree shown
+// is the manifest plus the combined view of the shards' components.
+struct ShardedView {
+  ShardedCheckpoint checkpoint;
+  Value tree;
+  std::size_t storages = 0;
+};
+
+std::filesystem::path shard_path(const std::string& manifest_file, const Sharding& sharding, std::int64_t rank) {
+  return std::filesystem::path(manifest_file).parent_path() / shard_directory_name(sharding.step) /
+         shard_file_name(rank);
+}
+
+nlohmann::ordered_json sharding_json(const InspectArguments& args, const ShardedView& view) {
+  const ShardedCheckpoint& checkpoint = view.checkpoint;
+  const Sharding& sharding = checkpoint.sharding();
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  for (const ShardRecord& record : sharding.shards) {
+    const LoadedMapping& shard = *checkpoint.shards.at(static_cast<std::size_t>(record.rank));
+    std::vector<std::string> components;
+    for (const auto& [key, value] : shard.root.as_dict()) {
+      if (!(key.is_string() && key.as_string() == kManifestKey)) components.push_back(key.is_string() ? key.as_string() : key.to_string());
+    }
+    shards.push_back({{"rank", record.rank},
+                      {"name", shard_directory_name(sharding.step) + "/" + shard_file_name(record.rank)},
+                      {"file", shard_path(args.file, sharding, record.rank).string()},
+                      {"size", record.size},
+                      {"sha256", record.sha256.hex()},
+                      {"format", std::string(file_format_name(shard.format))},
+                      {"record_count", shard.records.size()},
+                      {"components", std::move(components)}});
+  }
+  return {{"world_size", sharding.world_size},
+          {"step", sharding.step},
+          {"replicated", sharding.replicated},
+          {"rank_local", sharding.rank_local},
+          {"total_bytes", checkpoint.total_bytes()},
+          {"shards", std::move(shards)}};
+}
+
+int run_inspect(const InspectArguments& args) {
+  LoadedMapping mapping;
+  std::optional<ShardedView> sharded;
+  try {
+    LoadOptions options;
+    options.progress = terminal_progress("reading " + args.file);
+    mapping = load_checkpoint_mapping(args.file, options);
+    if (is_sharded_manifest(mapping)) {
+      // The shards are read (sizes, SHA-256, identity, component digests)
+      // against the step manifest just read, which must not have changed.
+      ShardedReadOptions read_options;
+      read_options.expected_sha256 = mapping.sha256;
+      ShardedView view{read_sharded_checkpoint(args.file, read_options), Value(), 0};
+      Dict tree;
+      tree.insert(std::string(kManifestKey), mapping.root.as_dict().at(std::string(kManifestKey)));
+      const Value combined = view.checkpoint.combined_view();
+      for (const auto& [key, value] : combined.as_dict()) tree.insert(key, value);
+      view.tree = Value::dict(std::move(tree));
+      for (const auto& shard : view.checkpoint.shards) view.storages += count_storages(*shard);
+      sharded = std::move(view);
+    }
+  } catch (const Error& error) {
+    return report_rejected(error);
+  }
+  const Value& tree = sharded ? sharded->tree : mapping.root;
+  Totals totals;
+  count_tensors(tree, totals);
+  const std::size_t storages = sharded ? sharded->storages : count_storages(mapping);
 
   if (args.json) {
     nlohmann::ordered_json out;
@@ -153,8 +221,9 @@ int run_inspect(const InspectArguments& args) {
       records.push_back({{"name", record.name}, {"offset", record.offset}, {"size", record.size}, {"crc32", record.crc32}});
     }
     out["records"] = std::move(records);
+    if (sharded) out["sharding"] = sharding_json(args, *sharded);
     out["summary"] = {{"tensors", totals.tensors}, {"storages", storages}, {"tensor_bytes", totals.tensor_bytes}};
-    out["tree"] = value_to_json(mapping.root, args.digests);
+    out["tree"] = value_to_json(tree, args.digests);
     std::cout << out.dump(2) << "\n";
     return kExitOk;
   }
@@ -183,10 +252,31 @@ int run_inspect(const InspectArguments& args) {
     if (mapping.format == FileFormat::pytorch_zip) out << "  crc32 " << crc;
     out << "\n";
   }
+  if (sharded) {
+    const ShardedCheckpoint& checkpoint = sharded->checkpoint;
+    const Sharding& sharding = checkpoint.sharding();
+    const auto names = [](const std::vector<std::string>& list) {
+      std::string text;
+      for (const auto& name : list) text += (text.empty() ? "" : ", ") + name;
+      return text.empty() ? std::string("(none)") : text;
+    };
+    out << "sharding: step manifest of a sharded generation, world size " << sharding.world_size << ", step "
+        << sharding.step << "\n";
+    out << "  replicated: " << names(sharding.replicated) << "\n";
+    out << "  rank-local: " << names(sharding.rank_local) << "\n";
+    out << "  shards (" << sharding.shards.size() << ", " << checkpoint.total_bytes()
+        << " bytes with the manifest; each size, SHA-256, identity and component digest checked):\n";
+    for (const ShardRecord& record : sharding.shards) {
+      out << "    rank " << record.rank << "  " << shard_path(args.file, sharding, record.rank).string() << "  "
+          << record.size << " bytes  sha256 " << record.sha256.hex() << "\n";
+    }
+  }
   out << "summary:  " << totals.tensors << " tensors, " << storages << " storages, " << totals.tensor_bytes
-      << " tensor bytes\n";
-  out << "tree:\n";
-  print_tree(out, mapping.root, "", 1, args.max_items);
+      << " tensor bytes" << (sharded ? " (all shards)" : "") << "\n";
+  out << (sharded ? "tree (the manifest, replicated components merged from the shards, rank-local ones as "
+                    "<name>@rank<r>):\n"
+                  : "tree:\n");
+  print_tree(out, tree, "", 1, args.max_items);
   return kExitOk;
 }
 

@@ -78,7 +78,8 @@ int run_ls(const LsArguments& args) {
   out << "generations (" << generations.size() << "):\n";
   for (const auto& generation : generations) {
     out << "  " << generation.name << "  step " << generation.step << "  epoch " << generation.epoch << "  "
-        << generation.kind << "  " << generation.size << " bytes  sha256 " << generation.sha256.hex() << "  "
+        << generation.kind << (generation.world_size > 0 ? "  sharded x" + std::to_string(generation.world_size) : "")
+        << "  " << generation.size << " bytes  sha256 " << generation.sha256.hex() << "  "
         << (generation.saved_at.empty() ? "(no time)" : generation.saved_at);
     if (!generation.metrics.empty()) out << "  " << metrics_text(generation);
     if (latest && latest->name == generation.name) out << "  [LATEST]";

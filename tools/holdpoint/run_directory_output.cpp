@@ -38,7 +38,8 @@ nlohmann::ordered_json generation_json(const GenerationInfo& generation) {
   return {{"name", generation.name},         {"step", generation.step},
           {"epoch", generation.epoch},       {"kind", generation.kind},
           {"size", generation.size},         {"sha256", generation.sha256.hex()},
-          {"saved_at", generation.saved_at}, {"metrics", std::move(metrics)}};
+          {"saved_at", generation.saved_at}, {"metrics", std::move(metrics)},
+          {"world_size", generation.world_size}};
 }
 
 nlohmann::ordered_json check_json(const GenerationCheck& check) {

@@ -21,7 +21,8 @@ namespace holdpoint::cli {
 std::unique_ptr<RunDirectory> open_run_directory(const std::string& run, bool recover, bool json,
                                                  std::optional<BestMetric> best_metric = std::nullopt);
 
-// {"name", "step", "epoch", "kind", "size", "sha256", "saved_at", "metrics": {name: value}}
+// {"name", "step", "epoch", "kind", "size", "sha256", "saved_at", "metrics": {name: value},
+//  "world_size"} (world_size: the ranks of a sharded generation, 0 for a single file)
 nlohmann::ordered_json generation_json(const GenerationInfo& generation);
 // {"name", "ok", "code" (null when ok), "detail"}
 nlohmann::ordered_json check_json(const GenerationCheck& check);

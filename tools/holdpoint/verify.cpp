@@ -1,10 +1,15 @@
 #include <filesystem>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "holdpoint/checkpoint_mapping.h"
+#include "holdpoint/manifest.h"
+#include "holdpoint/sharded_checkpoint.h"
 #include "run_directory_output.h"
 
 namespace holdpoint::cli {
@@ -32,6 +37,122 @@ bool is_run_directory(const std::filesystem::path& path) {
   return false;
 }
 
+// A step manifest (docs/distributed.md): every shard is read and checked on
+// its own (size, SHA-256 and content against the step manifest), so each
+// one's result is reported; then the replicated components must merge.
+int verify_sharded(const VerifyArguments& args, const LoadedMapping& mapping, bool digest_checked) {
+  nlohmann::ordered_json report;
+  report["file"] = args.file;
+  std::optional<ErrorCode> code;
+  std::string message;
+  const auto failed = [&](ErrorCode c, const std::string& m) {
+    if (!code) {
+      code = c;
+      message = m;
+    }
+  };
+  const Manifest manifest = [&] {
+    try {
+      return Manifest::from_value(mapping.root.as_dict().at(std::string(kManifestKey)));
+    } catch (const Error&) {
+      return Manifest{};
+    }
+  }();
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  std::vector<std::string> lines;
+  std::optional<ShardedCheckpoint> combined;
+  if (!manifest.sharding) {
+    // The manifest itself does not read: the library says why.
+    try {
+      ShardedReadOptions options;
+      options.expected_sha256 = mapping.sha256;
+      read_sharded_checkpoint(args.file, options);
+      failed(ErrorCode::schema_field_invalid, args.file + ": the step manifest does not read");
+    } catch (const Error& error) {
+      failed(error.code(), error.what());
+    }
+  } else {
+    const Sharding& sharding = *manifest.sharding;
+    const std::filesystem::path directory = std::filesystem::path(args.file).parent_path();
+    for (const ShardRecord& record : sharding.shards) {
+      const std::string name = shard_directory_name(sharding.step) + "/" + shard_file_name(record.rank);
+      nlohmann::ordered_json entry = {{"rank", record.rank},
+                                      {"name", name},
+                                      {"file", (directory / name).string()},
+                                      {"size", record.size},
+                                      {"sha256", record.sha256.hex()}};
+      try {
+        ShardedReadOptions options;
+        options.expected_sha256 = mapping.sha256;
+        options.ranks = {record.rank};
+        ShardedCheckpoint one = read_sharded_checkpoint(args.file, options);
+        if (!combined) {
+          combined = std::move(one);
+        } else {
+          combined->shards.at(static_cast<std::size_t>(record.rank)) =
+              std::move(one.shards.at(static_cast<std::size_t>(record.rank)));
+        }
+        entry["ok"] = true;
+        entry["code"] = nullptr;
+        entry["message"] = "";
+        lines.push_back("  ok      rank " + std::to_string(record.rank) + "  " + name + "  " +
+                        std::to_string(record.size) + " bytes  sha256 " + record.sha256.hex());
+      } catch (const Error& error) {
+        entry["ok"] = false;
+        entry["code"] = std::string(error_code_name(error.code()));
+        entry["message"] = error.what();
+        lines.push_back("  FAILED  rank " + std::to_string(record.rank) + "  " + name + "  " +
+                        std::string(error_code_name(error.code())) + ": " + error.what());
+        failed(error.code(), "shard of rank " + std::to_string(record.rank) + " (" + name + "): " + error.what());
+      }
+      shards.push_back(std::move(entry));
+    }
+    if (!code && combined) {
+      try {
+        combined->combined_view();
+        lines.push_back("  ok      the replicated components (" + std::to_string(sharding.replicated.size()) +
+                        ") merge from the shards");
+      } catch (const Error& error) {
+        lines.push_back("  FAILED  merging the replicated components: " + std::string(error_code_name(error.code())) +
+                        ": " + error.what());
+        failed(error.code(), error.what());
+      }
+    }
+  }
+  report["valid"] = !code.has_value();
+  report["format"] = std::string(file_format_name(mapping.format));
+  report["sha256"] = mapping.sha256.hex();
+  report["digest_checked"] = digest_checked;
+  if (manifest.sharding) {
+    report["sharding"] = {{"world_size", manifest.sharding->world_size},
+                          {"step", manifest.sharding->step},
+                          {"replicated", manifest.sharding->replicated},
+                          {"rank_local", manifest.sharding->rank_local},
+                          {"shards", std::move(shards)}};
+  }
+  const int exit_code = code ? exit_code_for(*code) : kExitOk;
+  if (code) {
+    report["code"] = std::string(error_code_name(*code));
+    report["message"] = message;
+  }
+  if (args.json) {
+    std::cout << report.dump(2) << "\n";
+    return exit_code;
+  }
+  for (const auto& line : lines) std::cout << line << "\n";
+  if (code) {
+    std::cout << (exit_code == kExitInvalid ? "invalid: " : "error: ") << error_code_name(*code) << ": " << message
+              << "\n";
+    return exit_code;
+  }
+  std::cout << "valid: " << args.file << " (sharded step manifest, world size " << manifest.sharding->world_size
+            << ", step " << manifest.sharding->step << ", sha256 " << mapping.sha256.hex()
+            << (digest_checked ? ", digest matches" : "") << "; " << manifest.sharding->world_size
+            << (manifest.sharding->world_size == 1 ? " shard" : " shards")
+            << " verified: size, SHA-256, identity, component digests)\n";
+  return kExitOk;
+}
+
 int run_verify(const VerifyArguments& args) {
   if (is_run_directory(args.file)) {
     if (!args.sha256.empty() || args.sidecar) {
@@ -49,6 +170,7 @@ int run_verify(const VerifyArguments& args) {
     if (!args.sha256.empty()) options.expected_sha256 = args.sha256;
     if (args.sidecar) options.expected_sha256 = read_sha256_sidecar(args.file).hex();
     const LoadedMapping mapping = load_checkpoint_mapping(args.file, options);
+    if (is_sharded_manifest(mapping)) return verify_sharded(args, mapping, options.expected_sha256.has_value());
     report["valid"] = true;
     report["format"] = std::string(file_format_name(mapping.format));
     report["sha256"] = mapping.sha256.hex();

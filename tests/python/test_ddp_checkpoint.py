@@ -1,0 +1,356 @@
+"""Sharded checkpoints of a data-parallel run, end to end (examples/ddp/train.cpp,
+holdpoint/distributed.h): the launcher starts W ranks over Gloo on loopback, which save
+through DistributedCheckpointer into a run directory.
+
+a. `holdpoint verify-resume` passes on the example with 2 and with 4 ranks: the resumed
+   run reproduces the continuous one (every component, rank-local ones per rank), and
+   the negative control (generators re-seeded) diverges.
+b. Crash matrix (2 ranks, saves every 2 steps): a rank SIGKILLs itself in the save of
+   step 6 before its shard, after its shard, before the commit, or after the step
+   manifest is durable but before LATEST moves. The launcher fails, LATEST stays on
+   step 4 (`holdpoint ls`, read-only), and a restart on the same run directory resumes
+   from it and ends with the uninterrupted run's weights, in a run directory that
+   verifies and holds no leftover shards or staging files.
+c. Tamper: one flipped byte in a copied checkpoint's rank-1 shard makes every rank reject
+   the load (shard_digest_mismatch, or distributed_rank_failed naming it) with its live
+   state unchanged; the untouched original still resumes.
+d. World-size change 4 -> 2 (unqualified, allowed): the 19 updates of both runs consume
+   each row exactly once in each of epochs 0, 1 and 2. Without the permission, or with
+   the cpu-gloo-ddp-v1 profile, the load fails with distributed_world_size_changed.
+Plus the launcher's usage errors (exit 2).
+
+Skips (exit 0) when the example was not built (no c10d Gloo headers or symbols, or no
+holdpoint_dist). Run by ctest with Debian's /usr/bin/python3."""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+import harness
+
+TRAIN = os.path.join(harness.BUILD_DIR, "examples", "ddp", "train")
+HOLDPOINT = harness.holdpoint_binary()
+RUN_TIMEOUT_S = 120  # one launch; 4 ranks start in ~2 s on an idle 2-core machine
+VERIFY_TIMEOUT_S = 300
+ROWS = 48
+CRASHES = [("before-shard", 1, 6), ("after-shard", 1, 6), ("before-commit", 0, 6), ("published", 0, 6)]
+
+
+def train(*args, timeout=RUN_TIMEOUT_S):
+    # No address-space cap: LibTorch and Gloo threads reserve generously, per rank.
+    return harness.run([TRAIN, *map(str, args)], timeout=timeout, limit_memory=False)
+
+
+def load_summary(report, out, label):
+    path = os.path.join(out, "summary.json")
+    if not report.check(os.path.isfile(path), f"{label}: no summary.json in {out}"):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def step_name(step):
+    return f"step-{step:08d}"
+
+
+def check_output_layout(report, out, world, step, label):
+    """The verifier's layout: checkpoint.pt (step manifest), its sidecar, and the shards
+    beside it in step-N.shards/; no FileStore left behind."""
+    manifest = os.path.join(out, "checkpoint.pt")
+    report.check(os.path.isfile(manifest), f"{label}: checkpoint.pt")
+    sidecar = os.path.join(out, "checkpoint.pt.sha256")
+    if report.check(os.path.isfile(sidecar), f"{label}: checkpoint.pt.sha256"):
+        with open(sidecar) as f:
+            text = f.read()
+        report.check(os.path.isfile(manifest) and text == f"{sha256_file(manifest)}  checkpoint.pt\n",
+                     f"{label}: the sidecar holds the manifest's digest: {text!r}")
+    shards = os.path.join(out, f"{step_name(step)}.shards")
+    names = sorted(os.listdir(shards)) if os.path.isdir(shards) else []
+    report.check(names == [f"rank-{r:05d}.pt" for r in range(world)], f"{label}: shards beside it: {names}")
+    leftovers = [n for n in os.listdir(out) if n.startswith(".store")]
+    report.check(leftovers == [], f"{label}: the launcher removed its FileStore: {leftovers}")
+
+
+def rejected_lines(stderr, rank):
+    return [line for line in stderr.splitlines() if line.startswith(f"rank {rank}: load rejected: ")]
+
+
+def check_rejected(report, r, world, label, code, also_ok=None):
+    """Every rank prints `rank R: load rejected: CODE: ...` (or `also_ok`'s code, if its
+    line also names CODE) and `rank R: state unchanged: true`."""
+    report.check(r.returncode not in (0, 2, None), f"{label}: the launcher fails: {r.describe()}")
+    for rank in range(world):
+        lines = rejected_lines(r.stderr, rank)
+        good = [line for line in lines
+                if line.startswith(f"rank {rank}: load rejected: {code}: ")
+                or (also_ok and line.startswith(f"rank {rank}: load rejected: {also_ok}: ") and code in line)]
+        report.check(len(lines) == 1 and good, f"{label}: rank {rank} rejects with {code}: {lines or r.stderr[-600:]}")
+        report.check(f"rank {rank}: state unchanged: true" in r.stderr.splitlines(),
+                     f"{label}: rank {rank} state unchanged: {r.stderr[-600:]!r}")
+    return r
+
+
+# ---- a. verify-resume ----------------------------------------------------------------
+
+
+def check_verify_resume(report, tmp, world):
+    label = f"verify-resume world {world}"
+    out = os.path.join(tmp, f"verify-{world}")
+    args = [HOLDPOINT, "verify-resume", "--trainer", TRAIN, "--output", out, "--steps", "8", "--cut", "3",
+            "--trainer-arg", "--world", "--trainer-arg", str(world), "--trainer-arg", "--save-every",
+            "--trainer-arg", "2"]
+    r = harness.run(args, timeout=VERIFY_TIMEOUT_S, limit_memory=False)
+    report.check(r.returncode == 0, f"{label}: {r.describe()}")
+    path = os.path.join(out, "verification.json")
+    if not report.check(os.path.isfile(path), f"{label}: verification.json"):
+        return
+    with open(path) as f:
+        v = json.load(f)
+    report.check(v["all_checks_passed"] is True and v["positive"] is True and v["negative_divergence_detected"] is True,
+                 f"{label}: verdict all={v['all_checks_passed']} positive={v['positive']} "
+                 f"negative={v['negative_divergence_detected']} failures={v.get('failures', [])[:3]} "
+                 f"error={v.get('error')}")
+    if not v.get("results"):
+        return
+    result = v["results"][0]
+    positive = {c["quantity"]: c for c in result["resumed"]}
+    for quantity in ["model", "optimizer", "scheduler", "progress", "sample_ids", "lr", "loss"]:
+        report.check(positive.get(quantity, {}).get("verdict") == "pass", f"{label}: {quantity} passes")
+    for rank in range(world):
+        for component in ["sampler", "rng"]:
+            quantity = f"{component}@rank{rank}"
+            report.check(positive.get(quantity, {}).get("verdict") == "pass",
+                         f"{label}: the rank-local {quantity} is compared and passes ({sorted(positive)})")
+        report.check(f"rng_next.rank{rank}.gain" in positive, f"{label}: rank {rank}'s draws are traced")
+    for c in result["resumed"]:
+        report.check(c["max_abs_deviation"] in (None, 0.0), f"{label}: full resume deviation is exactly 0: {c}")
+    report.check(positive.get("model", {}).get("values_compared") == 33, f"{label}: 33 parameters compared")
+    diverged = {c["quantity"] for c in result["resumed_no_rng"] if c["verdict"] == "diverged"}
+    report.check({"model", "loss"} <= diverged, f"{label}: the negative control diverges: {sorted(diverged)}")
+    with open(os.path.join(out, "runs", "continuous", "output", "summary.json")) as f:
+        continuous = json.load(f)
+    report.check(continuous["world_size"] == world and continuous["profile"] == "cpu-gloo-ddp-v1",
+                 f"{label}: summary world_size and profile")
+    report.check(all(len(entry["sample_ids"]) == 3 * world for entry in continuous["trace"]),
+                 f"{label}: each update consumes 3 rows per rank")
+    check_output_layout(report, os.path.join(out, "runs", "resumed", "output"), world, 8, label + " resumed")
+    print(f"  {label}: passed; control max weight deviation {result.get('negative_max_weight_deviation')}")
+
+
+# ---- b. crash matrix -----------------------------------------------------------------
+
+
+def list_run(run):
+    r = harness.run([HOLDPOINT, "ls", run, "--json"])
+    try:
+        return r, json.loads(r.stdout)
+    except ValueError:
+        return r, None
+
+
+def check_crash(report, tmp, reference_sha, phase, victim, step):
+    label = f"crash {phase} rank {victim} step {step}"
+    base = os.path.join(tmp, f"crash-{phase}")
+    os.makedirs(base)
+    run = os.path.join(base, "run")
+    r = train("--world", 2, "--steps", 8, "--save-every", 2, "--run", run, "--output", os.path.join(base, "first"),
+              "--crash", f"{phase}:{victim}:{step}")
+    report.check(r.returncode not in (0, 2, None), f"{label}: the launcher fails: {r.describe()}")
+    report.check(f"train: rank {victim} killed by signal 9" in r.stderr,
+                 f"{label}: the launcher names the killed rank: {r.stderr[-500:]!r}")
+    report.check(f"rank {victim}: crashing at {phase} of the save of step {step}" in r.stderr,
+                 f"{label}: the crash happened where asked")
+    survivor = 1 - victim
+    report.check(re.search(rf"^train: rank {survivor} exited with code 1$", r.stderr, re.MULTILINE) is not None,
+                 f"{label}: the surviving rank fails (its collective saw the death): {r.stderr[-500:]!r}")
+
+    ls, listing = list_run(run)
+    if report.check(listing is not None, f"{label}: holdpoint ls --json: {ls.describe()}"):
+        report.check(listing["latest"] == f"{step_name(4)}.pt", f"{label}: LATEST stays on step 4: {listing['latest']}")
+        committed = [g for g in listing["generations"] if g.get("latest")]
+        report.check([g["step"] for g in committed] == [4], f"{label}: the LATEST generation is step 4")
+        report.check(all(g["step"] <= 4 for g in listing["generations"]),
+                     f"{label}: no generation after step 4: {[g['name'] for g in listing['generations']]}")
+        uncommitted = listing["recovery"]["removed_uncommitted"]
+        report.check(any(name.startswith(f"{step_name(6)}.shards") for name in uncommitted)
+                     and (phase != "published" or f"{step_name(6)}.pt" in uncommitted),
+                     f"{label}: recovery would remove the uncommitted step 6: {uncommitted}")
+
+    restart_out = os.path.join(base, "restart")
+    r = train("--world", 2, "--steps", 4, "--save-every", 2, "--run", run, "--output", restart_out)
+    if not report.check(r.returncode == 0, f"{label}: the restart succeeds: {r.describe()}"):
+        return
+    summary = load_summary(report, restart_out, label)
+    if summary:
+        report.check(summary["global_step"] == 8 and [e["step"] for e in summary["trace"]] == [5, 6, 7, 8],
+                     f"{label}: the restart resumed from step 4 and ran to 8")
+        report.check(str(summary["resumed_from"]).endswith(f"{step_name(4)}.pt"),
+                     f"{label}: resumed from LATEST: {summary['resumed_from']}")
+        report.check(summary["model_sha256"] == reference_sha,
+                     f"{label}: the restarted run ends with the reference weights")
+    v = harness.run([HOLDPOINT, "verify", run])
+    report.check(v.returncode == 0, f"{label}: holdpoint verify RUN: {v.describe()}")
+
+    checkpoints = os.path.join(run, "checkpoints")
+    entries = sorted(os.listdir(checkpoints))
+    want = sorted(f"{step_name(s)}{suffix}" for s in (2, 4, 6, 8) for suffix in (".pt", ".pt.sha256", ".shards"))
+    report.check(entries == want, f"{label}: checkpoints/ holds exactly steps 2-8 with their shards: {entries}")
+    hidden = []
+    for root, dirs, files in os.walk(run):
+        hidden += [os.path.relpath(os.path.join(root, n), run) for n in dirs + files
+                   if n.startswith(".") and n != ".holdpoint-lock"]
+    report.check(hidden == [], f"{label}: no staging files left: {hidden}")
+    for s in (2, 4, 6, 8):
+        shards = os.path.join(checkpoints, f"{step_name(s)}.shards")
+        names = sorted(os.listdir(shards)) if os.path.isdir(shards) else None
+        report.check(names == ["rank-00000.pt", "rank-00001.pt"], f"{label}: step {s}'s shards: {names}")
+    print(f"  {label}: LATEST stayed on step 4, restart matched the reference")
+
+
+def check_crash_matrix(report, tmp):
+    ref = os.path.join(tmp, "crash-reference")
+    r = train("--world", 2, "--steps", 8, "--save-every", 2, "--output", ref)
+    if not report.check(r.returncode == 0, f"crash reference run: {r.describe()}"):
+        return
+    summary = load_summary(report, ref, "crash reference")
+    if not summary:
+        return
+    check_output_layout(report, ref, 2, 8, "crash reference")
+    for phase, victim, step in CRASHES:
+        check_crash(report, tmp, summary["model_sha256"], phase, victim, step)
+
+
+# ---- c. tamper -----------------------------------------------------------------------
+
+
+def check_tamper(report, tmp):
+    original = os.path.join(tmp, "tamper-original")
+    r = train("--world", 2, "--steps", 4, "--output", original)
+    if not report.check(r.returncode == 0, f"tamper: the original run: {r.describe()}"):
+        return
+    check_output_layout(report, original, 2, 4, "tamper original")
+    copy = os.path.join(tmp, "tamper-copy")
+    shutil.copytree(original, copy)  # copies: the run directory's hard links stay intact
+    shard = os.path.join(copy, f"{step_name(4)}.shards", "rank-00001.pt")
+    with open(shard, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    r = train("--world", 2, "--steps", 2, "--resume", os.path.join(copy, "checkpoint.pt"),
+              "--output", os.path.join(tmp, "tamper-resumed"))
+    check_rejected(report, r, 2, "tamper", "shard_digest_mismatch", also_ok="distributed_rank_failed")
+    for line in rejected_lines(r.stderr, 0) + rejected_lines(r.stderr, 1):
+        if ": distributed_rank_failed: " in line:
+            report.check("rank 1" in line, f"tamper: distributed_rank_failed names rank 1: {line}")
+    report.check(not os.path.exists(os.path.join(tmp, "tamper-resumed", "summary.json")),
+                 "tamper: the rejected run wrote no summary")
+
+    # The untouched original resumes: the rejection was the flipped byte.
+    r = train("--world", 2, "--steps", 2, "--resume", os.path.join(original, "checkpoint.pt"),
+              "--output", os.path.join(tmp, "tamper-control"))
+    if report.check(r.returncode == 0, f"tamper: the original still resumes: {r.describe()}"):
+        summary = load_summary(report, os.path.join(tmp, "tamper-control"), "tamper control")
+        if summary:
+            report.check(summary["global_step"] == 6, f"tamper control: ends at step 6: {summary['global_step']}")
+    print("  tamper: every rank rejected the flipped shard byte with its state unchanged")
+
+
+# ---- d. world-size change ------------------------------------------------------------
+
+
+def check_world_size_change(report, tmp):
+    four = os.path.join(tmp, "world-4")
+    r = train("--world", 4, "--steps", 5, "--save-every", 5, "--output", four)
+    if not report.check(r.returncode == 0, f"world 4: {r.describe()}"):
+        return
+    check_output_layout(report, four, 4, 5, "world 4")
+    first = load_summary(report, four, "world 4")
+    checkpoint = os.path.join(four, "checkpoint.pt")
+
+    r = train("--world", 2, "--steps", 1, "--resume", checkpoint, "--output", os.path.join(tmp, "world-2-refused"))
+    check_rejected(report, r, 2, "4 -> 2 without --allow-world-size-change", "distributed_world_size_changed")
+    r = train("--world", 2, "--steps", 1, "--resume", checkpoint, "--allow-world-size-change",
+              "--output", os.path.join(tmp, "world-2-qualified"))
+    check_rejected(report, r, 2, "4 -> 2 under cpu-gloo-ddp-v1", "distributed_world_size_changed")
+    report.check(all("cpu-gloo-ddp-v1" in line for rank in (0, 1) for line in rejected_lines(r.stderr, rank)),
+                 "4 -> 2 under cpu-gloo-ddp-v1: the rejection names the profile as the reason")
+
+    two = os.path.join(tmp, "world-2")
+    r = train("--world", 2, "--steps", 14, "--resume", checkpoint, "--allow-world-size-change",
+              "--profile", "unqualified", "--output", two)
+    if not report.check(r.returncode == 0, f"4 -> 2 unqualified: {r.describe()}"):
+        return
+    second = load_summary(report, two, "world 2")
+    if not (first and second):
+        return
+    report.check(second["world_size_changed"] is True and second["saved_world_size"] == 4
+                 and second["world_size"] == 2 and second["profile"] == "unqualified",
+                 f"4 -> 2: summary records the change: {second['world_size_changed']} {second['saved_world_size']}")
+    trace = first["trace"] + second["trace"]
+    report.check([e["step"] for e in trace] == list(range(1, 20)), "4 -> 2: steps 1..19 without a gap")
+    report.check([len(e["sample_ids"]) for e in trace] == [12] * 5 + [6] * 14, "4 -> 2: 12 rows, then 6, per update")
+    by_epoch = {}
+    for entry in trace:
+        by_epoch.setdefault(entry["epoch"], []).extend(entry["sample_ids"])
+    report.check(sorted(by_epoch) == [0, 1, 2], f"4 -> 2: epochs {sorted(by_epoch)}")
+    for epoch, ids in sorted(by_epoch.items()):
+        report.check(sorted(ids) == list(range(ROWS)),
+                     f"4 -> 2: epoch {epoch} consumes every row exactly once ({len(ids)} ids, "
+                     f"{len(set(ids))} distinct)")
+    check_output_layout(report, two, 2, 19, "world 2")
+    print("  world size 4 -> 2: epochs 0, 1, 2 each consumed rows 0..47 exactly once")
+
+
+# ---- usage ---------------------------------------------------------------------------
+
+
+def check_usage(report, tmp):
+    exists = os.path.join(tmp, "exists")
+    os.makedirs(exists)
+    r = train("--steps", 1, "--output", exists)
+    report.check(r.returncode == 2 and "exists" in r.stderr, f"an existing output directory: {r.describe()}")
+    for bad in (["--crash", "sideways:0:1"], ["--crash", "published:5:1"], ["--profile", "cpu-basic-v1"],
+                ["--world", "0"], ["--omit-rng-restore"]):
+        r = train("--steps", 1, "--output", os.path.join(tmp, "never"), *bad)
+        report.check(r.returncode == 2, f"usage error for {bad}: {r.describe()}")
+    report.check(not os.path.exists(os.path.join(tmp, "never")), "a usage error creates no output directory")
+
+
+def main():
+    if not (os.path.isfile(TRAIN) and os.access(TRAIN, os.X_OK)):
+        print(f"test_ddp_checkpoint: skipped: {TRAIN} was not built (no c10d Gloo or no holdpoint_dist)")
+        return 0
+    harness.require_executable(HOLDPOINT)
+    report = harness.Report("test_ddp_checkpoint")
+    tmp = tempfile.mkdtemp(prefix="holdpoint-ddp-checkpoint-")
+    selected = sys.argv[1:] or ["usage", "verify", "crash", "tamper", "world"]
+    try:
+        if "usage" in selected:
+            check_usage(report, tmp)
+        if "verify" in selected:
+            check_verify_resume(report, tmp, 2)
+            check_verify_resume(report, tmp, 4)
+        if "crash" in selected:
+            check_crash_matrix(report, tmp)
+        if "tamper" in selected:
+            check_tamper(report, tmp)
+        if "world" in selected:
+            check_world_size_change(report, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
