@@ -334,8 +334,15 @@ struct RunDirectory::Impl {
   // Returns the ranks of a sharded generation (0 for a single file).
   std::int64_t verify_content(const GenerationInfo& g, std::span<std::byte> bytes,
                               const std::shared_ptr<const void>& owner) const {
-    const Manifest manifest = read_generation_manifest(bytes, owner, options.limits);
+    const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, options.limits);
+    const Value* value = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
+    if (!value) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
+    const Manifest manifest = Manifest::from_value(*value);
     if (manifest.kind != CheckpointKind::sharded) return 0;
+    if (mapping.root.as_dict().size() != 1) {
+      fail(ErrorCode::component_unknown, "checkpoints/", g.name, " is a step manifest holding component states; a "
+           "step manifest holds only its manifest");
+    }
     if (manifest.sharding->step != g.step) {
       fail(ErrorCode::shard_identity_mismatch, "checkpoints/", g.name, " is the step manifest of step ",
            manifest.sharding->step, ", not of step ", g.step);

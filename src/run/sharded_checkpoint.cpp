@@ -271,9 +271,23 @@ const Manifest& manifest_checked(const Manifest& manifest, const std::string& la
   return manifest;
 }
 
-// Reads and checks shard `rank` of `step_manifest` from the open shard directory.
+LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_manifest, std::int64_t rank,
+                                    const Limits& limits, bool check_component_digests);
+
+// Reads and checks shard `rank` of `step_manifest` from the open shard
+// directory; errors name the shard's file.
 LoadedMapping read_shard(io::Directory& shards, const Manifest& step_manifest, std::int64_t rank,
                          const Limits& limits, bool check_component_digests) {
+  try {
+    return read_shard_unlabelled(shards, step_manifest, rank, limits, check_component_digests);
+  } catch (const Error& error) {
+    if (!error.path().empty()) throw;
+    throw error.with_path((shards.path() / shard_file_name(rank)).string());
+  }
+}
+
+LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_manifest, std::int64_t rank,
+                                    const Limits& limits, bool check_component_digests) {
   const Sharding& sharding = *step_manifest.sharding;
   const ShardRecord& record = sharding.shards.at(static_cast<std::size_t>(rank));
   const std::string name = shard_file_name(rank);
@@ -444,7 +458,11 @@ Value ShardedCheckpoint::combined_view() const {
   Dict view;
   for (const auto& name : sharding().replicated) view.insert(name, replicated(name));
   for (std::int64_t r = 0; r < sharding().world_size; ++r) {
-    for (const auto& name : sharding().rank_local) view.insert(concat(name, "@rank", r), rank_local(name, r));
+    for (const auto& name : sharding().rank_local) {
+      if (!view.insert(concat(name, "@rank", r), rank_local(name, r))) {
+        fail(ErrorCode::schema_field_invalid, "component name ", name, "@rank", r, " appears twice");
+      }
+    }
   }
   return Value::dict(std::move(view));
 }

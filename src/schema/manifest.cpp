@@ -100,6 +100,11 @@ std::vector<std::string> read_names(const ManifestFields& fields, std::string_vi
   std::vector<std::string> names;
   for (const Value& item : value.as_list()) {
     if (!item.is_string()) fields.invalid(key, "a list of str", item);
+    if (item.as_string().empty() || item.as_string() == kManifestKey ||
+        item.as_string().find("@rank") != std::string::npos) {
+      fail(ErrorCode::schema_field_invalid, fields.path_of(key), " names '", item.as_string(),
+           "', which is not a component name (empty, the manifest's, or containing '@rank')");
+    }
     if (std::find(names.begin(), names.end(), item.as_string()) != names.end()) {
       fail(ErrorCode::schema_field_invalid, fields.path_of(key), " names '", item.as_string(), "' twice");
     }

@@ -239,6 +239,13 @@ TEST(ManifestSharding, MalformedShardingIsRejectedNamingTheField) {
   EXPECT_ERROR_CODE(Manifest::from_value(with(good, "replicated", Value::list({Value::string("rng")}))),
                     ErrorCode::schema_field_invalid);
   EXPECT_ERROR_CODE(Manifest::from_value(with(good, "extra", Value::integer(1))), ErrorCode::schema_field_unknown);
+  // Names that would collide in the combined view ("<name>@rank<r>") or with the manifest.
+  EXPECT_ERROR_CODE(Manifest::from_value(with(good, "replicated", Value::list({Value::string("sampler@rank0")}))),
+                    ErrorCode::schema_field_invalid);
+  EXPECT_ERROR_CODE(Manifest::from_value(with(good, "rank_local", Value::list({Value::string("holdpoint")}))),
+                    ErrorCode::schema_field_invalid);
+  EXPECT_ERROR_CODE(Manifest::from_value(with(good, "rank_local", Value::list({Value::string("")}))),
+                    ErrorCode::schema_field_invalid);
   Dict top = good.as_dict();
   Dict sharding;
   for (const auto& [key, value] : top.at("sharding").as_dict()) {
