@@ -362,20 +362,6 @@ nlohmann::json number(double value) {
   return value;
 }
 
-// Indices rank `rank` of `world` yields from global position `start` (the
-// DistributedSampler's rule); the last rank's share is the smallest.
-std::int64_t rank_share(std::int64_t n, std::int64_t start, std::int64_t world, std::int64_t rank) {
-  const std::int64_t first = start + rank;
-  return first >= n ? 0 : (n - first + world - 1) / world;
-}
-
-// Indices every rank still has in this epoch: the ranks step in lockstep (equal
-// cursors), so an update takes the same number of rows on every rank.
-std::int64_t common_remaining(const holdpoint::DistributedSampler& sampler) {
-  return rank_share(sampler.num_samples(), sampler.start(), sampler.world_size(), sampler.world_size() - 1) -
-         sampler.cursor();
-}
-
 template <typename T>
 std::vector<T> allgather(c10d::ProcessGroup& group, const std::vector<T>& mine, at::ScalarType dtype) {
   const auto count = static_cast<std::int64_t>(mine.size());
@@ -605,12 +591,12 @@ int rank_main(const Args& a) {
     for (std::int64_t i = 0; i < a.steps; ++i) {
       // The batch; an exhausted epoch ends when the next batch is drawn, so a
       // checkpoint taken after its last update resumes into it.
-      std::int64_t available = common_remaining(sampler);
+      std::int64_t available = sampler.remaining_on_every_rank();
       if (available <= 0) {
         sampler.start_epoch(sampler.epoch() + 1);
         progress.epoch = sampler.epoch();
         progress.batch_in_epoch = 0;
-        available = common_remaining(sampler);
+        available = sampler.remaining_on_every_rank();
         if (available <= 0) {
           throw holdpoint::Error(holdpoint::ErrorCode::invalid_argument, "the sampler yields no samples per rank");
         }

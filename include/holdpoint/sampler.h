@@ -178,6 +178,11 @@ class DistributedSampler final : public Sampler {
   std::int64_t rank() const noexcept { return rank_; }
   std::int64_t start() const noexcept { return start_; }
   std::int64_t cursor() const noexcept { return cursor_; }
+  // Indices every rank of the world still has in this epoch, assuming the
+  // ranks step in lockstep (equal cursors): the last rank's share is the
+  // smallest, so an update that takes this many rows on every rank keeps
+  // the cursors equal.
+  std::int64_t remaining_on_every_rank() const;
   // The epoch's permutation, as every rank draws it.
   static std::vector<std::int64_t> permutation(std::int64_t num_samples, std::uint64_t seed, std::int64_t epoch);
 

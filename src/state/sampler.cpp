@@ -282,6 +282,10 @@ std::int64_t DistributedSampler::remaining() const {
   return rank_share(num_samples_, start_, world_size_, rank_) - cursor_;
 }
 
+std::int64_t DistributedSampler::remaining_on_every_rank() const {
+  return std::max<std::int64_t>(0, rank_share(num_samples_, start_, world_size_, world_size_ - 1) - cursor_);
+}
+
 Value DistributedSampler::capture_state(CaptureMode) const {
   Dict entries = header(kDistributed, num_samples_, epoch_);
   entries.insert("seed", Value::integer(static_cast<std::int64_t>(seed_)));

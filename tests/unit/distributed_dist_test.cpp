@@ -620,6 +620,17 @@ TEST(DistributedSamplerTest, WorldSizeChangeContinuesTheEpochWithoutSkipsOrRepea
   for (std::int64_t id = 0; id < 48; ++id) EXPECT_EQ(seen.count(id), 1u) << id;
 }
 
+TEST(DistributedSamplerTest, RemainingOnEveryRankIsTheSmallestShare) {
+  DistributedSampler rank0(10, 3, 4, 0), rank3(10, 3, 4, 3);
+  EXPECT_EQ(rank0.remaining(), 3);   // positions 0, 4, 8
+  EXPECT_EQ(rank3.remaining(), 2);   // positions 3, 7
+  EXPECT_EQ(rank0.remaining_on_every_rank(), 2);
+  rank0.next();
+  rank0.next();
+  EXPECT_EQ(rank0.remaining_on_every_rank(), 0);
+  EXPECT_EQ(rank0.remaining(), 1);
+}
+
 TEST(DistributedSamplerTest, UnevenCursorsAreNotReassigned) {
   DistributedSampler a(48, 7, 2, 0), b(48, 7, 2, 1);
   a.next();
