@@ -2,7 +2,8 @@
 # The main job, end to end on a fresh machine: install, build, then prove
 # that a training run resumes exactly (the resume-verification protocol:
 # continuous, interrupted, resumed and resumed-without-RNG runs as fresh
-# processes, compared step by step), classify the ways a "best" state is
+# processes, compared step by step; also for the 2-rank data-parallel
+# example with sharded checkpoints), classify the ways a "best" state is
 # captured, and write, inspect and verify a checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,14 @@ echo "== 1. resume verification: examples/resume-protocol/train, cut at step 5 o
 "$build_dir/holdpoint" verify-resume --trainer "$build_dir/examples/resume-protocol/train" \
   --steps 10 --cut 5 --output "$out/verification"
 echo "   evidence: $out/verification/verification.json, picture: $out/verification/report.svg"
+if [[ -x "$build_dir/examples/ddp/train" ]]; then
+  echo
+  echo "== 1b. the same proof for data-parallel training: examples/ddp/train on 2 ranks (Gloo), sharded checkpoints"
+  "$build_dir/holdpoint" verify-resume --trainer "$build_dir/examples/ddp/train" \
+    --trainer-arg --world --trainer-arg 2 --trainer-arg --save-every --trainer-arg 2 \
+    --steps 8 --cut 3 --output "$out/verification-ddp"
+  echo "   evidence: $out/verification-ddp/verification.json"
+fi
 echo
 echo "== 2. best-state capture: which capture routes still hold the selected state"
 "$build_dir/examples/best-state/capture_routes" --dir "$out/best-state" --json "$out/best-state.json"
