@@ -109,6 +109,18 @@ std::optional<Failure> attempt(Body&& body) {
   return std::nullopt;
 }
 
+// The captured manifest as a shard's or the step manifest's: same identity,
+// configuration and versions; component records are the shard writer's.
+Manifest sharded_manifest(Manifest manifest, CheckpointKind kind, std::int64_t world, std::int64_t step) {
+  manifest.kind = kind;
+  manifest.components.clear();
+  Sharding sharding;
+  sharding.world_size = world;
+  sharding.step = step;
+  manifest.sharding = sharding;
+  return manifest;
+}
+
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
@@ -285,14 +297,8 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
   d.hook("before-shard");
   io::PublishResult published;
   mine = attempt([&] {
-    Manifest manifest = prepared.manifest();
-    manifest.kind = CheckpointKind::shard;
-    manifest.components.clear();
-    Sharding sharding;
-    sharding.world_size = d.world;
-    sharding.step = spec.step;
-    sharding.rank = d.rank;
-    manifest.sharding = sharding;
+    Manifest manifest = sharded_manifest(prepared.manifest(), CheckpointKind::shard, d.world, spec.step);
+    manifest.sharding->rank = d.rank;
     std::vector<std::pair<std::string, Value>> states;
     const auto& pieces = partition.pieces.at(static_cast<std::size_t>(d.rank));
     std::size_t piece = 0;
@@ -343,16 +349,11 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
   std::string committed;
   mine = attempt([&] {
     if (d.rank != 0) return;
-    Manifest manifest = prepared.manifest();
-    manifest.kind = CheckpointKind::sharded;
-    manifest.components.clear();
-    Sharding sharding;
-    sharding.world_size = d.world;
-    sharding.step = spec.step;
+    Manifest manifest = sharded_manifest(prepared.manifest(), CheckpointKind::sharded, d.world, spec.step);
+    Sharding& sharding = *manifest.sharding;
     sharding.replicated = replicated_names;
     sharding.rank_local = rank_local_names;
     sharding.shards = result.shards;
-    manifest.sharding = sharding;
     const PreparedCheckpoint step_manifest(manifest, {}, false);
     GenerationSpec generation = spec;
     generation.world_size = d.world;
