@@ -7,6 +7,7 @@
 //   train --steps N --output DIR [--resume CKPT] [--omit-rng-restore]
 //         [--world W] [--run RUN] [--save-every K] [--crash PHASE:RANK:STEP]
 //         [--allow-world-size-change] [--profile cpu-gloo-ddp-v1|unqualified]
+//         [--torch-1-13-compatible]
 //         [--timeout-ms MS]
 //
 // One binary, two modes. Without --rank it is the launcher: it creates DIR
@@ -138,6 +139,7 @@ struct Args {
   std::int64_t save_every = 0;
   std::optional<Crash> crash;
   bool allow_world_size_change = false;
+  bool torch_1_13_compatible = false;
   holdpoint::ResumeProfile profile = holdpoint::ResumeProfile::cpu_gloo_ddp_v1;
   long timeout_ms = 30000;
   std::int64_t rank = -1;  // rank mode when >= 0
@@ -152,7 +154,7 @@ int usage(const std::string& message) {
   std::cerr << "train: " << message
             << "\nusage: train --steps N --output DIR [--resume CHECKPOINT] [--omit-rng-restore] [--world W]\n"
                "             [--run RUN] [--save-every K] [--crash PHASE:RANK:STEP] [--allow-world-size-change]\n"
-               "             [--profile cpu-gloo-ddp-v1|unqualified] [--timeout-ms MS]\n";
+               "             [--profile cpu-gloo-ddp-v1|unqualified] [--timeout-ms MS] [--torch-1-13-compatible]\n";
   return 2;
 }
 
@@ -189,6 +191,10 @@ Args parse(int argc, char** argv) {
     }
     if (flag == "--allow-world-size-change") {
       a.allow_world_size_change = true;
+      continue;
+    }
+    if (flag == "--torch-1-13-compatible") {
+      a.torch_1_13_compatible = true;
       continue;
     }
     if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
@@ -488,6 +494,7 @@ int rank_main(const Args& a) {
 
     std::int64_t saving_step = -1;
     holdpoint::DistributedCheckpointOptions checkpoint_options;
+    checkpoint_options.torch_1_13_compatible = a.torch_1_13_compatible;
     checkpoint_options.phase_hook = [&](std::string_view phase) {
       if (a.crash && a.crash->rank == rank && a.crash->step == saving_step && a.crash->phase == phase) {
         say(who + "crashing at " + std::string(phase) + " of the save of step " + std::to_string(saving_step));

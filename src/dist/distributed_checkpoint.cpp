@@ -354,7 +354,7 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
     sharding.replicated = replicated_names;
     sharding.rank_local = rank_local_names;
     sharding.shards = result.shards;
-    const PreparedCheckpoint step_manifest(manifest, {}, false);
+    const PreparedCheckpoint step_manifest(manifest, {}, d.options.torch_1_13_compatible);
     GenerationSpec generation = spec;
     generation.world_size = d.world;
     const Limits limits = d.options.run.limits;

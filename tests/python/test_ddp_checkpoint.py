@@ -17,6 +17,10 @@ c. Tamper: one flipped byte in a copied checkpoint's rank-1 shard makes every ra
 d. World-size change 4 -> 2 (unqualified, allowed): the 19 updates of both runs consume
    each row exactly once in each of epochs 0, 1 and 2. Without the permission, or with
    the cpu-gloo-ddp-v1 profile, the load fails with distributed_world_size_changed.
+e. Interop: with --torch-1-13-compatible, Python's torch 1.13 `torch.load(...,
+   weights_only=True)` opens the step manifest and every shard; the shard digests match
+   the manifest's records, each model tensor is held by exactly one shard, and the
+   model reassembled in Python hashes to the run's model_sha256.
 Plus the launcher's usage errors (exit 2).
 
 Skips (exit 0) when the example was not built (no c10d Gloo headers or symbols, or no
@@ -315,6 +319,47 @@ def check_world_size_change(report, tmp):
 # ---- usage ---------------------------------------------------------------------------
 
 
+def check_torch_interop(report, tmp):
+    import torch  # Debian's python3-torch 1.13: the oracle, never holdpoint
+
+    out = os.path.join(tmp, "interop")
+    r = train("--world", 2, "--steps", 4, "--save-every", 4, "--output", out, "--torch-1-13-compatible")
+    if not report.check(r.returncode == 0, f"interop run: {r.describe()}"):
+        return
+    summary = load_summary(report, out, "interop")
+    step = torch.load(os.path.join(out, "checkpoint.pt"), map_location="cpu", weights_only=True)
+    manifest = step.get("holdpoint", {})
+    report.check(list(step.keys()) == ["holdpoint"], f"the step manifest holds only its manifest: {list(step.keys())}")
+    report.check(manifest.get("kind") == "sharded", f"kind {manifest.get('kind')!r}")
+    sharding = manifest.get("sharding", {})
+    report.check(sharding.get("world_size") == 2 and sharding.get("step") == 4, f"sharding {sharding}")
+    shards = []
+    for record in sharding.get("shards", []):
+        path = os.path.join(out, step_name(4) + ".shards", "rank-%05d.pt" % record["rank"])
+        report.check(sha256_file(path) == record["sha256"] and os.path.getsize(path) == record["size"],
+                     f"shard {record['rank']}: size and SHA-256 are the step manifest's")
+        shard = torch.load(path, map_location="cpu", weights_only=True)
+        report.check(shard["holdpoint"]["kind"] == "shard" and shard["holdpoint"]["sharding"]["rank"] == record["rank"],
+                     f"shard {record['rank']} names itself")
+        shards.append(shard)
+    if not report.check(len(shards) == 2, "two shards read"):
+        return
+    model = {}
+    for key in shards[0]["model"].keys():
+        held = [s["model"][key] for s in shards if isinstance(s["model"][key], torch.Tensor)]
+        report.check(len(held) == 1, f"model[{key!r}] is held by exactly one shard ({len(held)})")
+        if held:
+            model[key] = held[0]
+    digest = hashlib.sha256()
+    for tensor in model.values():
+        digest.update(tensor.contiguous().numpy().tobytes())
+    report.check(summary is not None and digest.hexdigest() == summary.get("model_sha256"),
+                 "the model reassembled by torch 1.13 hashes to the run's model_sha256")
+    for rank, shard in enumerate(shards):
+        report.check(shard["sampler"]["rank"] == rank and shard["sampler"]["world_size"] == 2,
+                     f"shard {rank} holds rank {rank}'s sampler")
+
+
 def check_usage(report, tmp):
     exists = os.path.join(tmp, "exists")
     os.makedirs(exists)
@@ -334,7 +379,7 @@ def main():
     harness.require_executable(HOLDPOINT)
     report = harness.Report("test_ddp_checkpoint")
     tmp = tempfile.mkdtemp(prefix="holdpoint-ddp-checkpoint-")
-    selected = sys.argv[1:] or ["usage", "verify", "crash", "tamper", "world"]
+    selected = sys.argv[1:] or ["usage", "verify", "crash", "tamper", "world", "interop"]
     try:
         if "usage" in selected:
             check_usage(report, tmp)
@@ -347,6 +392,8 @@ def main():
             check_tamper(report, tmp)
         if "world" in selected:
             check_world_size_change(report, tmp)
+        if "interop" in selected:
+            check_torch_interop(report, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report.finish()
