@@ -44,6 +44,8 @@
 // after the load: the negative control, which must diverge.
 // --crash PHASE:RANK:STEP makes rank RANK SIGKILL itself in the save of step
 // STEP at PHASE (before-shard, after-shard, before-commit, published).
+// --torch-1-13-compatible writes every file so that Python's torch 1.13
+// torch.load(..., weights_only=True) opens it (floats stored as tensors).
 //
 // Rank 0 writes DIR/summary.json (the verifier's contract; every rank's
 // generators appear as "rank<r>.<name>"; the per-update trace has all ranks'
