@@ -7,7 +7,7 @@
 //   train --steps N --output DIR [--resume CKPT] [--omit-rng-restore]
 //         [--world W] [--run RUN] [--save-every K] [--crash PHASE:RANK:STEP]
 //         [--allow-world-size-change] [--profile cpu-gloo-ddp-v1|unqualified]
-//         [--torch-1-13-compatible]
+//         [--torch-1-13-compatible] [--async]
 //         [--timeout-ms MS]
 //
 // One binary, two modes. Without --rank it is the launcher: it creates DIR
@@ -46,6 +46,8 @@
 // STEP at PHASE (before-shard, after-shard, before-commit, published).
 // --torch-1-13-compatible writes every file so that Python's torch 1.13
 // torch.load(..., weights_only=True) opens it (floats stored as tensors).
+// --async makes the periodic saves asynchronous (save_async over a second
+// Gloo group on the same store): training continues while shards are written.
 //
 // Rank 0 writes DIR/summary.json (the verifier's contract; every rank's
 // generators appear as "rank<r>.<name>"; the per-update trace has all ranks'
@@ -83,6 +85,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -142,6 +145,7 @@ struct Args {
   std::optional<Crash> crash;
   bool allow_world_size_change = false;
   bool torch_1_13_compatible = false;
+  bool async_saves = false;
   holdpoint::ResumeProfile profile = holdpoint::ResumeProfile::cpu_gloo_ddp_v1;
   long timeout_ms = 30000;
   std::int64_t rank = -1;  // rank mode when >= 0
@@ -156,7 +160,7 @@ int usage(const std::string& message) {
   std::cerr << "train: " << message
             << "\nusage: train --steps N --output DIR [--resume CHECKPOINT] [--omit-rng-restore] [--world W]\n"
                "             [--run RUN] [--save-every K] [--crash PHASE:RANK:STEP] [--allow-world-size-change]\n"
-               "             [--profile cpu-gloo-ddp-v1|unqualified] [--timeout-ms MS] [--torch-1-13-compatible]\n";
+               "             [--profile cpu-gloo-ddp-v1|unqualified] [--timeout-ms MS] [--torch-1-13-compatible] [--async]\n";
   return 2;
 }
 
@@ -197,6 +201,10 @@ Args parse(int argc, char** argv) {
     }
     if (flag == "--torch-1-13-compatible") {
       a.torch_1_13_compatible = true;
+      continue;
+    }
+    if (flag == "--async") {
+      a.async_saves = true;
       continue;
     }
     if (i + 1 >= argc) throw UsageError{flag + " needs a value"};
@@ -419,6 +427,13 @@ int rank_main(const Args& a) {
     auto group_ptr = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(rank),
                                                                    static_cast<int>(world), options);
     c10d::ProcessGroup& group = *group_ptr;
+    // Asynchronous saves run their collectives on a group of their own.
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> background_ptr;
+    if (a.async_saves) {
+      background_ptr = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("holdpoint/ddp-train-background", store), static_cast<int>(rank),
+          static_cast<int>(world), options);
+    }
 
     // The data: a fixed synthetic relation, the same on every rank.
     std::vector<double> xs, ys;
@@ -494,12 +509,13 @@ int rank_main(const Args& a) {
         .set_code_identity("examples/ddp/train.cpp")
         .set_data_identity("ddp-48-rows-v1");
 
-    std::int64_t saving_step = -1;
+    std::atomic<std::int64_t> saving_step{-1};  // read by the phase hook, on the background thread with --async
     holdpoint::DistributedCheckpointOptions checkpoint_options;
+    checkpoint_options.background = background_ptr.get();
     checkpoint_options.torch_1_13_compatible = a.torch_1_13_compatible;
     checkpoint_options.phase_hook = [&](std::string_view phase) {
       if (a.crash && a.crash->rank == rank && a.crash->step == saving_step && a.crash->phase == phase) {
-        say(who + "crashing at " + std::string(phase) + " of the save of step " + std::to_string(saving_step));
+        say(who + "crashing at " + std::string(phase) + " of the save of step " + std::to_string(saving_step.load()));
         std::raise(SIGKILL);
       }
     };
@@ -586,11 +602,16 @@ int rank_main(const Args& a) {
       dropout.set_state(saved);
       return std::vector<double>{dropout_draw, uniform(gain_copy), uniform(noise_copy)};
     };
-    const auto save = [&](std::int64_t step) {
+    const auto save = [&](std::int64_t step, bool final_save) {
+      checkpointer.wait();  // the previous asynchronous save, if any (its failure is thrown here)
       saving_step = step;
       holdpoint::GenerationSpec spec;
       spec.step = step;
       spec.epoch = progress.epoch;
+      if (a.async_saves && !final_save) {
+        checkpointer.save_async(spec);
+        return;
+      }
       checkpointer.save(spec);
       saving_step = -1;
     };
@@ -672,10 +693,11 @@ int rank_main(const Args& a) {
                          {"loss", number(loss_sum / static_cast<double>(world))},
                          {"rng_next", std::move(rng_next)}});
       }
-      if (a.save_every > 0 && progress.global_step % a.save_every == 0) save(progress.global_step);
+      if (a.save_every > 0 && progress.global_step % a.save_every == 0) save(progress.global_step, false);
     }
+    checkpointer.wait();
     const auto latest = checkpointer.latest();
-    if (!latest || latest->step != progress.global_step) save(progress.global_step);
+    if (!latest || latest->step != progress.global_step) save(progress.global_step, true);
 
     // The final evaluation, without dropout (equal on every rank).
     double mse = 0;

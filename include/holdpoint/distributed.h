@@ -60,7 +60,8 @@
 // use the POSIX file system, whatever RunDirectoryOptions::file_system says.
 //
 // Thread-safety: collective calls must be made by every rank in the same
-// order, from one thread per rank.
+// order, from one thread per rank; latest() and run_directory() are safe to
+// use only while no asynchronous save is in flight (after wait()).
 #pragma once
 
 #include <cstdint>
@@ -92,6 +93,9 @@ struct DistributedCheckpointOptions {
   // The group for the agreement collectives (CPU tensors); null: the
   // checkpointer's group. Must hold the same ranks.
   c10d::ProcessGroup* coordination = nullptr;
+  // The group save_async's background thread uses: the same ranks, CPU
+  // tensors, and used by no other thread (Gloo matches collectives by order).
+  c10d::ProcessGroup* background = nullptr;
   // Test instrumentation: called on each rank at "before-shard",
   // "after-shard", "before-commit" (coordinator) and "published" (coordinator,
   // inside the commit once the step manifest is durable and before LATEST moves).
@@ -138,6 +142,16 @@ class DistributedCheckpointer {
   std::optional<GenerationInfo> latest() const;
 
   DistributedSaveResult save(const GenerationSpec& spec);
+  // Collective, asynchronous: copies the state now into staging memory of
+  // this checkpointer's own (reused by later saves) on the calling thread,
+  // so training may continue at once, and runs the rest of save() on a
+  // background thread over options.background (required: invalid_argument
+  // without it). One save is in flight at a time: save_async, save, wait,
+  // load and resume first wait for the previous one and throw its failure.
+  void save_async(const GenerationSpec& spec);
+  // Waits for the save in flight; returns its result (nullopt when none was
+  // in flight) or throws its failure.
+  std::optional<DistributedSaveResult> wait();
   // Resumes from LATEST; nullopt (on every rank) when the run has no generation yet.
   std::optional<DistributedLoadReport> resume(const DistributedLoadOptions& options = {});
   // Loads the sharded checkpoint whose step manifest is at `manifest_path`

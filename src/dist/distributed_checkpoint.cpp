@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include "common/fail.h"
 #include "holdpoint/sampler.h"
 #include "holdpoint/sharded_checkpoint.h"
 #include "io/file_system.h"
 #include "io/publish.h"
+#include "run/staging_arena.h"
 
 namespace holdpoint {
 
@@ -139,6 +142,19 @@ struct DistributedCheckpointer::Impl {
   std::int64_t world = 1;
   std::unique_ptr<RunDirectory> run;  // the coordinator's
   std::optional<GenerationInfo> latest;
+  // Asynchronous saves: the staging copy, the background thread and its outcome.
+  run::StagingArena arena;
+  std::thread worker;
+  std::exception_ptr failure;
+  std::optional<DistributedSaveResult> last_result;
+
+  struct Captured {
+    PreparedCheckpoint prepared;
+    std::optional<Failure> failure;  // carried into the agreement, so no rank waits for this one
+  };
+  Captured capture(const StateStager& stage);
+  DistributedSaveResult run_save(c10d::ProcessGroup& group, const Captured& captured, const GenerationSpec& spec);
+  void finish_background();
 
   Impl(c10d::ProcessGroup& g, TrainingState& s) : group(g), state(s) {}
   Impl(c10d::ProcessGroup& g, TrainingState& s, c10d::ProcessGroup* coordination)
@@ -207,7 +223,11 @@ DistributedCheckpointer::DistributedCheckpointer(c10d::ProcessGroup& group, Trai
   if (d.rank != 0) d.set_latest(payloads[0]);
 }
 
-DistributedCheckpointer::~DistributedCheckpointer() = default;
+DistributedCheckpointer::~DistributedCheckpointer() {
+  // A save still in flight finishes (its collectives need every rank); its
+  // failure has no caller left to reach.
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
 
 std::int64_t DistributedCheckpointer::rank() const noexcept { return impl_->rank; }
 std::int64_t DistributedCheckpointer::world_size() const noexcept { return impl_->world; }
@@ -216,20 +236,66 @@ std::optional<GenerationInfo> DistributedCheckpointer::latest() const { return i
 
 // ---- save ------------------------------------------------------------------------------------
 
+DistributedCheckpointer::Impl::Captured DistributedCheckpointer::Impl::capture(const StateStager& stage) {
+  Captured captured;
+  captured.failure = attempt([&] {
+    CheckpointSaveOptions save_options;
+    save_options.torch_1_13_compatible = options.torch_1_13_compatible;
+    captured.prepared = state.prepare_save(save_options, stage);
+  });
+  return captured;
+}
+
+void DistributedCheckpointer::Impl::finish_background() {
+  if (worker.joinable()) worker.join();
+  if (failure) std::rethrow_exception(std::exchange(failure, nullptr));
+}
+
 DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) {
   Impl& d = *impl_;
+  d.finish_background();
+  return d.run_save(d.group, d.capture({}), spec);
+}
+
+void DistributedCheckpointer::save_async(const GenerationSpec& spec) {
+  Impl& d = *impl_;
+  d.finish_background();
+  if (!d.options.background) {
+    fail(ErrorCode::invalid_argument,
+         "save_async needs DistributedCheckpointOptions::background: a process group over the same ranks that "
+         "no other thread uses (collectives of two threads on one group would interleave)");
+  }
+  // The copy is taken now, on the training thread; the rest runs behind it.
+  auto captured = std::make_shared<Impl::Captured>(d.capture(
+      [&d](std::vector<std::pair<std::string, Value>>& states) { d.arena.stage(states); }));
+  d.last_result.reset();
+  d.worker = std::thread([&d, captured, spec] {
+    try {
+      d.last_result = d.run_save(*d.options.background, *captured, spec);
+    } catch (...) {
+      d.failure = std::current_exception();
+    }
+  });
+}
+
+std::optional<DistributedSaveResult> DistributedCheckpointer::wait() {
+  Impl& d = *impl_;
+  d.finish_background();
+  return std::exchange(d.last_result, std::nullopt);
+}
+
+DistributedSaveResult DistributedCheckpointer::Impl::run_save(c10d::ProcessGroup& group, const Captured& captured,
+                                                              const GenerationSpec& spec) {
+  Impl& d = *this;
   DistributedSaveResult result;
   result.world_size = d.world;
 
-  // 1. Capture, partition, and the coordinator's shard directory.
-  PreparedCheckpoint prepared;
+  // 1. Partition, and the coordinator's shard directory.
+  const PreparedCheckpoint& prepared = captured.prepared;
   ReplicatedPartition partition;
   std::filesystem::path shards_path;
   std::vector<std::string> replicated_names, rank_local_names;
-  auto mine = attempt([&] {
-    CheckpointSaveOptions save_options;
-    save_options.torch_1_13_compatible = d.options.torch_1_13_compatible;
-    prepared = d.state.prepare_save(save_options);
+  auto mine = captured.failure ? captured.failure : attempt([&] {
     std::vector<std::pair<std::string, Value>> replicated;
     for (const auto& [name, state] : prepared.states()) {
       if (d.is_rank_local(name)) {
@@ -264,7 +330,7 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
   };
   std::vector<std::string> prepared_payloads;
   try {
-    prepared_payloads = agree(d.group, concat("saving step ", spec.step, ": capture"), mine,
+    prepared_payloads = agree(group, concat("saving step ", spec.step, ": capture"), mine,
                               concat(partition.fingerprint.hex(), "\n", identity, "\n", shards_path.string()));
   } catch (const Error&) {
     discard();
@@ -325,7 +391,7 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
   d.hook("after-shard");
   std::vector<std::string> shard_payloads;
   try {
-    shard_payloads = agree(d.group, concat("saving step ", spec.step, ": shards"), mine,
+    shard_payloads = agree(group, concat("saving step ", spec.step, ": shards"), mine,
                            concat(published.size, " ", published.sha256.hex()));
   } catch (const Error&) {
     discard();
@@ -383,7 +449,7 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
                        commit.generation.size);
   });
   if (mine && d.rank == 0 && !(d.run->latest() && d.run->latest()->step == spec.step)) discard();
-  const auto outcome = agree(d.group, concat("saving step ", spec.step, ": commit"), mine, committed);
+  const auto outcome = agree(group, concat("saving step ", spec.step, ": commit"), mine, committed);
   {
     std::istringstream in(outcome[0]);
     GenerationInfo& g = result.generation;
@@ -407,6 +473,7 @@ DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) 
 
 std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const DistributedLoadOptions& options) {
   Impl& d = *impl_;
+  d.finish_background();
   const auto mine = attempt([&] {
     if (d.rank != 0) return;
     d.latest = d.run->latest();
@@ -428,6 +495,7 @@ std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const Distr
 DistributedLoadReport DistributedCheckpointer::load(const std::filesystem::path& manifest_path,
                                                     const DistributedLoadOptions& options) {
   Impl& d = *impl_;
+  d.finish_background();
   DistributedLoadReport out;
   bool agreed = false;
   const std::string phase = concat("loading ", manifest_path.string());

@@ -143,6 +143,36 @@ std::vector<std::exception_ptr> run_ranks(int world, const RankBody& body) {
   return errors;
 }
 
+// As run_ranks, with a second group over the same ranks for background saves.
+using TwoGroupBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group, c10d::ProcessGroup& background)>;
+std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGroupBody& body) {
+  static std::atomic<int> launches{0};
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::string prefix = "bg" + std::to_string(launches++);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        const auto make = [&](const std::string& name) {
+          auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(20));
+          options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+          options->threads = 1;
+          return c10::make_intrusive<c10d::ProcessGroupGloo>(
+              c10::make_intrusive<c10d::PrefixStore>(prefix + name, store), rank, world, options);
+        };
+        auto group = make("/main");
+        auto background = make("/background");
+        body(rank, *group, *background);
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 void expect_all_ok(const std::vector<std::exception_ptr>& errors) {
   for (std::size_t r = 0; r < errors.size(); ++r) {
     if (!errors[r]) continue;
@@ -391,6 +421,66 @@ TEST_F(DistributedCheckpoint, RetentionRemovesShardDirectoriesWithTheirManifests
   EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.pt"));
   EXPECT_FALSE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.shards"));
   EXPECT_TRUE(std::filesystem::exists(run_ / "checkpoints" / "step-00000004.shards" / "rank-00001.pt"));
+}
+
+// ---- asynchronous saves -------------------------------------------------------------------------
+
+TEST_F(DistributedCheckpoint, AsyncSaveWritesTheStateOfTheCallWhileTrainingContinues) {
+  expect_all_ok(run_ranks_with_background(2, [&](std::int64_t rank, c10d::ProcessGroup& group,
+                                                 c10d::ProcessGroup& background) {
+    RankSetup setup(rank);
+    DistributedCheckpointOptions options = options_with_counter();
+    options.background = &background;
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    setup.model.tensors["a"].fill_(2.0f);
+    setup.counter.value = 200 + rank;
+    checkpointer.save_async(at_step(2));
+    // Training goes on: the background save must not see these.
+    setup.model.tensors["a"].fill_(99.0f);
+    setup.counter.value = -1;
+    const auto result = checkpointer.wait();
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->generation.name, "step-00000002.pt");
+    EXPECT_FALSE(checkpointer.wait());  // nothing in flight any more
+    // A second async save after the first; then a synchronous one waits for it.
+    checkpointer.save_async(at_step(3));
+    checkpointer.save(at_step(4));
+  }));
+  const ShardedCheckpoint checkpoint = read_sharded_checkpoint(run_ / "checkpoints" / "step-00000002.pt");
+  EXPECT_TRUE(at::equal(to_at_tensor(checkpoint.replicated("model").as_dict().at("a").as_tensor()),
+                        at::full({4000}, 2.0, at::kFloat)));
+  EXPECT_EQ(checkpoint.rank_local("counter", 1).as_int(), 201);
+  RunDirectoryOptions read_only;
+  read_only.recover = false;
+  const RunDirectory run(run_, read_only);
+  EXPECT_EQ(run.generations().size(), 3u);
+  EXPECT_EQ(run.latest()->name, "step-00000004.pt");
+}
+
+TEST_F(DistributedCheckpoint, AsyncSaveFailureIsRaisedByTheNextCallOnEveryRank) {
+  save_steps(2, {4});
+  const auto errors = run_ranks_with_background(2, [&](std::int64_t rank, c10d::ProcessGroup& group,
+                                                       c10d::ProcessGroup& background) {
+    RankSetup setup(rank);
+    DistributedCheckpointOptions options = options_with_counter();
+    options.background = &background;
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    checkpointer.save_async(at_step(2));  // before LATEST: the coordinator refuses, in the background
+    checkpointer.wait();
+  });
+  ASSERT_TRUE(error_of(errors[0]) && error_of(errors[1]));
+  EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::run_step_not_increasing);
+  EXPECT_EQ(error_of(errors[1])->code(), ErrorCode::distributed_rank_failed);
+}
+
+TEST_F(DistributedCheckpoint, AsyncSaveWithoutABackgroundGroupIsRefused) {
+  const auto errors = run_ranks(1, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    checkpointer.save_async(at_step(1));
+  });
+  ASSERT_TRUE(error_of(errors[0]));
+  EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::invalid_argument);
 }
 
 // ---- load ----------------------------------------------------------------------------------
