@@ -21,6 +21,18 @@ e. Interop: with --torch-1-13-compatible, Python's torch 1.13 `torch.load(...,
    weights_only=True)` opens the step manifest and every shard; the shard digests match
    the manifest's records, each model tensor is held by exactly one shard, and the
    model reassembled in Python hashes to the run's model_sha256.
+f. Random kills (`kills`): a 2-rank run saving every step (24 steps) on one run
+   directory is restarted again and again, and one random rank gets SIGKILL at a random
+   moment once the ranks have connected (a kill during Gloo's rendezvous would leave the
+   peer waiting out the launcher's 20 s grace). The peer exits on its own, the launcher
+   fails; before each restart a read-only look (`holdpoint ls --json`, the directory
+   listing) finds LATEST never gone or moved back, `holdpoint verify RUN` passing, and
+   counts the kills that landed inside a save (an uncommitted step-N.shards/ or
+   step-N.pt newer than LATEST, or a staging file). The restart runs the remaining steps
+   from the step recovery names; the run that completes ends with the uninterrupted run's
+   weights, and its run directory holds steps 1..24 with their shards and nothing else.
+   HOLDPOINT_KILL_CYCLES=N sets the number of kills (default 6; 60 with
+   HOLDPOINT_LARGE_TESTS=1, which also requires a kill inside a save).
 Plus the launcher's usage errors (exit 2).
 
 Skips (exit 0) when the example was not built (no c10d Gloo headers or symbols, or no
@@ -29,10 +41,14 @@ holdpoint_dist). Run by ctest with Debian's /usr/bin/python3."""
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 
 import harness
 
@@ -42,6 +58,10 @@ RUN_TIMEOUT_S = 120  # one launch; 4 ranks start in ~2 s on an idle 2-core machi
 VERIFY_TIMEOUT_S = 300
 ROWS = 48
 CRASHES = [("before-shard", 1, 6), ("after-shard", 1, 6), ("before-commit", 0, 6), ("published", 0, 6)]
+KILL_STEPS = 24
+KILLS = int(os.environ.get("HOLDPOINT_KILL_CYCLES", "60" if os.environ.get("HOLDPOINT_LARGE_TESTS") == "1" else "6"))
+KILL_SEED = 20261201
+HANG_S = 30  # a launcher still running this long after a kill (or before its ranks connect) hangs
 
 
 def train(*args, timeout=RUN_TIMEOUT_S):
@@ -233,6 +253,288 @@ def check_crash_matrix(report, tmp):
         check_crash(report, tmp, summary["model_sha256"], phase, victim, step)
 
 
+# ---- f. random kills -----------------------------------------------------------------
+
+
+def rank_children(launcher):
+    """{rank: pid} of the launcher's children that are ranks (`--rank R` in their cmdline)."""
+    pids = []
+    try:
+        for task in os.listdir(f"/proc/{launcher}/task"):
+            with open(f"/proc/{launcher}/task/{task}/children") as f:
+                pids += [int(x) for x in f.read().split()]
+    except OSError:
+        return {}
+    ranks = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "--rank" in args[:-1]:
+            ranks[int(args[args.index("--rank") + 1])] = pid
+    return ranks
+
+
+def established_sockets():
+    """Inodes of the established TCP sockets (the ranks' Gloo pairs run over loopback)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "01":
+                inodes.add(fields[9])
+    return inodes
+
+
+def socket_inodes(pid):
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    except OSError:
+        pass
+    return inodes
+
+
+class Launch:
+    """One launcher in a session of its own (its ranks share its process group and die
+    with it), timed from the start."""
+
+    def __init__(self, args):
+        self.began = time.monotonic()
+        self.process = subprocess.Popen([TRAIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, start_new_session=True)
+
+    def wait_connected(self, world, timeout):
+        """{rank: pid} once every rank holds an established TCP socket (the group is up);
+        {} when the launcher ended first; None after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None:
+            ranks = rank_children(self.process.pid)
+            if len(ranks) == world:
+                established = established_sockets()
+                if all(socket_inodes(pid) & established for pid in ranks.values()):
+                    return ranks
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        return {}
+
+    def finish(self, timeout):
+        """(exit code, stdout, stderr); the exit code is None after killing a launcher
+        that outlived `timeout`, with its whole process group."""
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+            return self.process.returncode, out, err
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            out, err = self.process.communicate()
+            return None, out, err
+
+    def kill_group(self):
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def step_of(name):
+    match = re.fullmatch(r"step-(\d{8})\.(pt|shards)", name or "")
+    return int(match.group(1)) if match else None
+
+
+def read_latest(run):
+    try:
+        with open(os.path.join(run, "LATEST")) as f:
+            return f.read().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def interrupted_save(run, latest):
+    """What only a save interrupted by the kill leaves: a step manifest or shard directory
+    newer than LATEST (none: 0), or a staging file anywhere in the run directory."""
+    latest_step = step_of(latest) or 0
+    checkpoints = os.path.join(run, "checkpoints")
+    uncommitted = sorted(n for n in os.listdir(checkpoints) if (step_of(n) or 0) > latest_step)
+    staging = []
+    for root, dirs, files in os.walk(run):
+        staging += [os.path.relpath(os.path.join(root, n), run) for n in dirs + files
+                    if n.startswith(".") and n != ".holdpoint-lock"]
+    return uncommitted, sorted(staging)
+
+
+def check_kill_aftermath(report, label, run, had_latest, stats):
+    """Read-only looks at RUN after a kill; returns the step manifest the restart resumes
+    from (None: none), or False when the case cannot go on."""
+    latest = read_latest(run)
+    if had_latest:
+        report.check(latest is not None, f"{label}: LATEST is gone (it named {had_latest})")
+        report.check((step_of(latest) or 0) >= step_of(had_latest),
+                     f"{label}: LATEST moved back from {had_latest} to {latest}")
+    if not os.path.isdir(os.path.join(run, "checkpoints")):
+        # Killed before the coordinator created the run directory.
+        report.check(not had_latest and latest is None, f"{label}: {run} lost its checkpoints/")
+        return None
+    uncommitted, staging = interrupted_save(run, latest)
+    if uncommitted or staging:
+        stats["mid_save"] += 1
+        kind = ("staging file" if staging else
+                "step manifest" if any(n.endswith(".pt") for n in uncommitted) else "shards only")
+        stats["kinds"][kind] = stats["kinds"].get(kind, 0) + 1
+    ls, listing = list_run(run)
+    if not report.check(ls.returncode == 0 and listing is not None, f"{label}: holdpoint ls --json: {ls.describe()}"):
+        return False
+    recovery = listing.get("recovery") or {}
+    report.check(listing.get("latest") == latest,
+                 f"{label}: ls names LATEST {listing.get('latest')}, the file {latest}")
+    report.check(not recovery.get("damaged") and not recovery.get("quarantined"),
+                 f"{label}: recovery would move generations aside: {recovery.get('lines')}")
+    handled = " ".join(recovery.get("removed_uncommitted", []) + recovery.get("adopted", []))
+    for name in uncommitted:
+        report.check(name in handled, f"{label}: recovery neither removes nor adopts {name}: {recovery.get('lines')}")
+    report.check(not (uncommitted or staging) or recovery.get("clean") is False,
+                 f"{label}: recovery calls the run clean beside {uncommitted + staging}")
+    resume_from = recovery.get("latest")
+    if latest is not None:
+        report.check(resume_from == latest, f"{label}: recovery would resume from {resume_from}, LATEST is {latest}")
+        v = harness.run([HOLDPOINT, "verify", run], timeout=VERIFY_TIMEOUT_S)
+        report.check(v.returncode == 0, f"{label}: holdpoint verify RUN: {v.describe()}")
+    elif resume_from is not None:
+        # A first save killed after its step manifest was durable: adopted, not lost.
+        report.check(resume_from in recovery.get("adopted", []), f"{label}: recovery would resume from {resume_from}")
+    return resume_from
+
+
+def check_completed_run(report, label, run, out, reference_sha, resumed_from):
+    summary = load_summary(report, out, label)
+    if summary:
+        first = (step_of(resumed_from) or 0) + 1
+        report.check(summary["global_step"] == KILL_STEPS
+                     and [e["step"] for e in summary["trace"]] == list(range(first, KILL_STEPS + 1)),
+                     f"{label}: ran steps {first}..{KILL_STEPS}: global_step {summary['global_step']}")
+        report.check(str(summary["resumed_from"]).endswith(resumed_from) if resumed_from
+                     else summary["resumed_from"] is None,
+                     f"{label}: resumed from {summary['resumed_from']}, recovery named {resumed_from}")
+        report.check(summary["model_sha256"] == reference_sha, f"{label}: ends with the uninterrupted run's weights")
+    v = harness.run([HOLDPOINT, "verify", run], timeout=VERIFY_TIMEOUT_S)
+    report.check(v.returncode == 0, f"{label}: holdpoint verify RUN: {v.describe()}")
+    checkpoints = os.path.join(run, "checkpoints")
+    entries = sorted(os.listdir(checkpoints))
+    want = sorted(f"{step_name(s)}{suffix}" for s in range(1, KILL_STEPS + 1)
+                  for suffix in (".pt", ".pt.sha256", ".shards"))
+    report.check(entries == want, f"{label}: checkpoints/ holds exactly steps 1-{KILL_STEPS} with their shards: "
+                 f"extra {sorted(set(entries) - set(want))}, missing {sorted(set(want) - set(entries))}")
+    orphans = [n for n in entries if n.endswith(".shards") and n[:-len(".shards")] + ".pt" not in entries]
+    report.check(orphans == [], f"{label}: shard directories without their step manifest: {orphans}")
+    _, staging = interrupted_save(run, read_latest(run))
+    report.check(staging == [], f"{label}: no staging files left: {staging}")
+    for s in range(1, KILL_STEPS + 1):
+        shards = os.path.join(checkpoints, f"{step_name(s)}.shards")
+        names = sorted(os.listdir(shards)) if os.path.isdir(shards) else None
+        report.check(names == ["rank-00000.pt", "rank-00001.pt"], f"{label}: step {s}'s shards: {names}")
+
+
+def check_random_kills(report, tmp):
+    common = ["--world", 2, "--save-every", 1]
+    reference = os.path.join(tmp, "kills-reference")
+    launch = Launch([*common, "--steps", KILL_STEPS, "--output", reference])
+    connected = launch.wait_connected(2, HANG_S)
+    ready = time.monotonic() - launch.began
+    code, _, err = launch.finish(RUN_TIMEOUT_S)
+    duration = time.monotonic() - launch.began
+    if not report.check(code == 0 and connected, f"kills: the reference run: exit {code}, ranks {connected}: "
+                        f"{err.strip().splitlines()[-3:]}"):
+        return
+    summary = load_summary(report, reference, "kills reference")
+    if not summary:
+        return
+    reference_sha = summary["model_sha256"]
+    work = duration - ready  # training and saving, once the ranks are connected
+    print(f"  kills: the reference run took {duration:.2f} s, {ready:.2f} s of it until the ranks connected")
+
+    rng = random.Random(KILL_SEED)
+    stats = {"mid_save": 0, "kinds": {}}
+    kills = launches = rounds = 0
+    slowest_exit = 0.0
+    began = time.monotonic()
+    while kills < KILLS:
+        rounds += 1
+        base = os.path.join(tmp, f"kills-{rounds}")
+        os.makedirs(base)
+        run = os.path.join(base, "run")
+        resume_from = None  # the step manifest the next launch resumes from
+        had_latest = None
+        while True:
+            launches += 1
+            label = f"kills: run {rounds} launch {launches}"
+            out = os.path.join(base, f"launch-{launches}")
+            remaining = KILL_STEPS - (step_of(resume_from) or 0)
+            # Alternate synchronous and asynchronous saves (save_async on a background group).
+            mode = ["--async"] if launches % 2 == 0 else []
+            launch = Launch([*common, *mode, "--steps", remaining, "--run", run, "--output", out])
+            victim = killed_at = None
+            if kills < KILLS:
+                ranks = launch.wait_connected(2, HANG_S)
+                if ranks is None:
+                    launch.kill_group()
+                    launch.finish(HANG_S)
+                    report.check(False, f"{label}: the ranks did not connect within {HANG_S} s")
+                    return
+                if ranks:
+                    # The remaining work, plus a little: some launches finish first.
+                    time.sleep(rng.uniform(0, 1.1 * work * max(remaining / KILL_STEPS, 0.2)))
+                    victim = rng.randrange(2)
+                    try:
+                        os.kill(ranks[victim], signal.SIGKILL)
+                        killed_at = time.monotonic()
+                    except ProcessLookupError:
+                        victim = None
+            code, _, err = launch.finish(HANG_S if killed_at else RUN_TIMEOUT_S)
+            tail = err.strip().splitlines()[-4:]
+            if code is None:
+                report.check(False, f"{label}: the launcher hung; killed its process group "
+                             f"({'rank %d killed' % victim if killed_at else 'no kill'}): {tail}")
+                return
+            if killed_at and code != 0:
+                kills += 1
+                exit_after = time.monotonic() - killed_at
+                slowest_exit = max(slowest_exit, exit_after)
+                report.check(code == 1 and f"train: rank {victim} killed by signal 9" in err,
+                             f"{label}: the launcher names the killed rank {victim}: exit {code}: {tail}")
+                report.check("still running" not in err and f"train: rank {1 - victim} killed" not in err,
+                             f"{label}: rank {1 - victim} exited on its own ({exit_after:.2f} s): {tail}")
+                resume_from = check_kill_aftermath(report, label, run, had_latest, stats)
+                if resume_from is False:
+                    return
+                had_latest = read_latest(run)
+                continue
+            # A launch that ran to the end (the kill, if any, came too late to land).
+            if report.check(code == 0, f"{label}: exit {code}: {tail}"):
+                check_completed_run(report, label, run, out, reference_sha, resume_from)
+            break
+    elapsed = time.monotonic() - began
+    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(stats["kinds"].items())) or "none"
+    print(f"  kills: {kills} kills over {launches} launches on {rounds} run director{'y' if rounds == 1 else 'ies'} "
+          f"in {elapsed:.1f} s; "
+          f"{stats['mid_save']} landed inside a save ({kinds}); every peer exited on its own, "
+          f"the slowest launcher {slowest_exit:.2f} s after its kill; every completed run matched the reference")
+    if os.environ.get("HOLDPOINT_LARGE_TESTS") == "1":
+        report.check(stats["mid_save"] >= 1, f"kills: none of {kills} kills landed inside a save")
+
+
 # ---- c. tamper -----------------------------------------------------------------------
 
 
@@ -360,6 +662,40 @@ def check_torch_interop(report, tmp):
                      f"shard {rank} holds rank {rank}'s sampler")
 
 
+def check_async_saves(report, tmp):
+    """--async (save_async on a background group) writes the same bytes as synchronous saves,
+    and an async run killed in a background save restarts to the same weights."""
+    sync_out, async_out = os.path.join(tmp, "sync"), os.path.join(tmp, "async")
+    r_sync = train("--world", 2, "--steps", 6, "--save-every", 2, "--output", sync_out)
+    r_async = train("--world", 2, "--steps", 6, "--save-every", 2, "--output", async_out, "--async")
+    if not report.check(r_sync.returncode == 0 and r_async.returncode == 0,
+                        f"sync and async runs: {r_sync.describe()} / {r_async.describe()}"):
+        return
+    for step in (2, 4, 6):
+        for rel in (f"{step_name(step)}.pt", f"{step_name(step)}.shards/rank-00000.pt",
+                    f"{step_name(step)}.shards/rank-00001.pt"):
+            a = os.path.join(sync_out, "run", "checkpoints", rel)
+            b = os.path.join(async_out, "run", "checkpoints", rel)
+            report.check(os.path.isfile(b) and sha256_file(a) == sha256_file(b),
+                         f"async: {rel} is byte-identical to the synchronous save's")
+    reference = load_summary(report, sync_out, "sync")
+    # Rank 1 dies inside the background save of step 4; the restart resumes from step 2.
+    run = os.path.join(tmp, "async-crash-run")
+    r = train("--world", 2, "--steps", 6, "--save-every", 2, "--run", run, "--async",
+              "--output", os.path.join(tmp, "async-crash"), "--crash", "after-shard:1:4")
+    report.check(r.returncode == 1 and "rank 1 killed by signal 9" in r.stderr,
+                 f"async crash: the launcher names the killed rank: {r.describe()}")
+    _, listing = list_run(run)
+    report.check(listing is not None and listing.get("latest") == f"{step_name(2)}.pt",
+                 f"async crash: LATEST stays on step 2: {listing and listing.get('latest')}")
+    r = train("--world", 2, "--steps", 4, "--save-every", 2, "--run", run, "--async",
+              "--output", os.path.join(tmp, "async-restart"))
+    restarted = load_summary(report, os.path.join(tmp, "async-restart"), "async restart") if r.returncode == 0 else None
+    report.check(restarted is not None and reference is not None and
+                 restarted.get("model_sha256") == reference.get("model_sha256"),
+                 f"async crash: the restart ends with the uninterrupted run's weights: {r.describe()}")
+
+
 def check_usage(report, tmp):
     exists = os.path.join(tmp, "exists")
     os.makedirs(exists)
@@ -379,7 +715,7 @@ def main():
     harness.require_executable(HOLDPOINT)
     report = harness.Report("test_ddp_checkpoint")
     tmp = tempfile.mkdtemp(prefix="holdpoint-ddp-checkpoint-")
-    selected = sys.argv[1:] or ["usage", "verify", "crash", "tamper", "world", "interop"]
+    selected = sys.argv[1:] or ["usage", "verify", "crash", "kills", "tamper", "world", "interop", "async"]
     try:
         if "usage" in selected:
             check_usage(report, tmp)
@@ -388,12 +724,16 @@ def main():
             check_verify_resume(report, tmp, 4)
         if "crash" in selected:
             check_crash_matrix(report, tmp)
+        if "kills" in selected:
+            check_random_kills(report, tmp)
         if "tamper" in selected:
             check_tamper(report, tmp)
         if "world" in selected:
             check_world_size_change(report, tmp)
         if "interop" in selected:
             check_torch_interop(report, tmp)
+        if "async" in selected:
+            check_async_saves(report, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report.finish()
