@@ -116,39 +116,14 @@ DistributedCheckpointOptions options_with_counter() {
   return options;
 }
 
-// Runs `body(rank, group)` on `world` threads, each with its own ProcessGroupGloo.
-// Returns each rank's exception (empty when it returned).
-using RankBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group)>;
-std::vector<std::exception_ptr> run_ranks(int world, const RankBody& body) {
+// Runs `body(rank, group, background)` on `world` threads, each with its own
+// ProcessGroupGloo pair (the second one for background saves) over one
+// HashStore. Returns each rank's exception (empty when it returned).
+using TwoGroupBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group, c10d::ProcessGroup& background)>;
+std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGroupBody& body, bool background = true) {
   static std::atomic<int> launches{0};
   auto store = c10::make_intrusive<c10d::HashStore>();
   const std::string prefix = "t" + std::to_string(launches++);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(20));
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        options->threads = 1;
-        auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-        c10d::ProcessGroupGloo group(prefixed, rank, world, options);
-        body(rank, group);
-      } catch (...) {
-        errors[static_cast<std::size_t>(rank)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-// As run_ranks, with a second group over the same ranks for background saves.
-using TwoGroupBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group, c10d::ProcessGroup& background)>;
-std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGroupBody& body) {
-  static std::atomic<int> launches{0};
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  const std::string prefix = "bg" + std::to_string(launches++);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
@@ -162,8 +137,8 @@ std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGr
               c10::make_intrusive<c10d::PrefixStore>(prefix + name, store), rank, world, options);
         };
         auto group = make("/main");
-        auto background = make("/background");
-        body(rank, *group, *background);
+        auto second = background ? make("/background") : group;
+        body(rank, *group, *second);
       } catch (...) {
         errors[static_cast<std::size_t>(rank)] = std::current_exception();
       }
@@ -171,6 +146,13 @@ std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGr
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// The same with one group per rank.
+using RankBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group)>;
+std::vector<std::exception_ptr> run_ranks(int world, const RankBody& body) {
+  return run_ranks_with_background(
+      world, [&](std::int64_t rank, c10d::ProcessGroup& group, c10d::ProcessGroup&) { body(rank, group); }, false);
 }
 
 void expect_all_ok(const std::vector<std::exception_ptr>& errors) {
