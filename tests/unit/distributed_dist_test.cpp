@@ -492,6 +492,23 @@ TEST_F(DistributedCheckpoint, ResumeOfAnEmptyRunReturnsNothingOnEveryRank) {
   }));
 }
 
+// The only generation is damaged: resuming must not silently start over, on any rank.
+TEST_F(DistributedCheckpoint, ResumeRefusesToStartOverWhenEveryGenerationIsDamaged) {
+  save_steps(2, {2});
+  const auto shard = run_ / "checkpoints" / "step-00000002.shards" / "rank-00000.pt";
+  flip_byte(shard, size_of(shard) / 2);
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+    checkpointer.resume();
+  });
+  ASSERT_TRUE(error_of(errors[0]) && error_of(errors[1]));
+  EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::run_no_generation);
+  EXPECT_EQ(error_of(errors[1])->code(), ErrorCode::distributed_rank_failed);
+  EXPECT_NE(error_of(errors[1])->detail().find("rank 0: run_no_generation"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.pt.damaged"));
+}
+
 // A byte flip in one shard: every rank rejects, and no rank's state changed.
 TEST_F(DistributedCheckpoint, TamperedShardIsRejectedOnEveryRankWithStateUntouched) {
   save_steps(2, {2});
