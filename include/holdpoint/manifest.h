@@ -96,6 +96,9 @@ struct Manifest {
 
   Value to_value() const;
   static Manifest from_value(const Value& value);
+  // Reads the "holdpoint" entry of a checkpoint's root; schema_field_missing
+  // when the root is not a dict that has one.
+  static Manifest of_root(const Value& root);
 };
 
 // SHA-256 of storages, by Storage::identity(), computed once and reused.

@@ -425,10 +425,7 @@ DistributedSaveResult DistributedCheckpointer::Impl::run_save(c10d::ProcessGroup
     generation.world_size = d.world;
     const Limits limits = d.options.run.limits;
     const auto verify = [&](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
-      const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, limits);
-      const Value* value = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
-      if (!value) fail(ErrorCode::schema_field_missing, "the step manifest has no '", kManifestKey, "' entry");
-      const Manifest read = Manifest::from_value(*value);
+      const Manifest read = Manifest::of_root(parse_checkpoint_bytes(bytes, owner, limits).root);
       if (read.kind != CheckpointKind::sharded || read.sharding->shards.size() != sharding.shards.size()) {
         fail(ErrorCode::schema_field_invalid, "the step manifest read back is not the one written");
       }

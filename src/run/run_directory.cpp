@@ -255,21 +255,9 @@ std::vector<std::string> RecoveryReport::lines() const {
   return out;
 }
 
-namespace {
-
-Manifest read_generation_manifest(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
-                                  const Limits& limits) {
-  const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, limits);
-  const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
-  if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
-  return Manifest::from_value(*manifest);
-}
-
-}  // namespace
-
 void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
                              const Limits& limits) {
-  read_generation_manifest(bytes, owner, limits);
+  Manifest::of_root(parse_checkpoint_bytes(bytes, owner, limits).root);
 }
 
 // ---- RunDirectory ------------------------------------------------------------------------
@@ -335,14 +323,9 @@ struct RunDirectory::Impl {
   std::int64_t verify_content(const GenerationInfo& g, std::span<std::byte> bytes,
                               const std::shared_ptr<const void>& owner) const {
     const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, options.limits);
-    const Value* value = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
-    if (!value) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
-    const Manifest manifest = Manifest::from_value(*value);
+    const Manifest manifest = Manifest::of_root(mapping.root);
     if (manifest.kind != CheckpointKind::sharded) return 0;
-    if (mapping.root.as_dict().size() != 1) {
-      fail(ErrorCode::component_unknown, "checkpoints/", g.name, " is a step manifest holding component states; a "
-           "step manifest holds only its manifest");
-    }
+    require_manifest_only(mapping.root, concat("checkpoints/", g.name));
     if (manifest.sharding->step != g.step) {
       fail(ErrorCode::shard_identity_mismatch, "checkpoints/", g.name, " is the step manifest of step ",
            manifest.sharding->step, ", not of step ", g.step);

@@ -313,9 +313,7 @@ LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_
   LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, limits);
   mapping.sha256 = snapshot.sha256;
   const Value& root = mapping.root;
-  const Value* manifest_value = root.is_dict() ? root.as_dict().find(kManifestKey) : nullptr;
-  if (!manifest_value) fail(ErrorCode::schema_field_missing, label, " has no '", kManifestKey, "' manifest");
-  const Manifest own = Manifest::from_value(*manifest_value);
+  const Manifest own = Manifest::of_root(root);
   if (own.kind != CheckpointKind::shard) {
     fail(ErrorCode::shard_identity_mismatch, label, " is of kind '", checkpoint_kind_name(own.kind), "', not shard");
   }
@@ -382,6 +380,13 @@ std::unique_ptr<io::Directory> open_shards(io::Directory& directory, const Shard
 
 }  // namespace
 
+void require_manifest_only(const Value& root, const std::string& label) {
+  if (root.is_dict() && root.as_dict().size() != 1) {
+    fail(ErrorCode::component_unknown, label, " is a step manifest holding ", root.as_dict().size() - 1,
+         " component states; a step manifest holds only its manifest");
+  }
+}
+
 bool is_sharded_manifest(const LoadedMapping& mapping) {
   const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
   if (!manifest || !manifest->is_dict()) return false;
@@ -407,14 +412,9 @@ ShardedCheckpoint read_sharded_checkpoint(io::Directory& directory, const std::s
     out.sha256 = snapshot.sha256;
     out.manifest_bytes = snapshot.buffer->size();
     const LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, options.limits);
-    const Value* manifest_value = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
-    if (!manifest_value) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
-    out.manifest = Manifest::from_value(*manifest_value);
+    out.manifest = Manifest::of_root(mapping.root);
     manifest_checked(out.manifest, manifest_name);
-    if (mapping.root.as_dict().size() != 1) {
-      fail(ErrorCode::component_unknown, "a step manifest holds no component states; this one holds ",
-           mapping.root.as_dict().size() - 1);
-    }
+    require_manifest_only(mapping.root, manifest_name);
     const Sharding& sharding = out.sharding();
     const auto shards = open_shards(directory, sharding);
     out.shards.resize(static_cast<std::size_t>(sharding.world_size));

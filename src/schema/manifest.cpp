@@ -322,6 +322,12 @@ Manifest Manifest::from_value(const Value& value) {
   return manifest;
 }
 
+Manifest Manifest::of_root(const Value& root) {
+  const Value* manifest = root.is_dict() ? root.as_dict().find(kManifestKey) : nullptr;
+  if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
+  return from_value(*manifest);
+}
+
 // ---- component digests ------------------------------------------------------------------
 
 const Sha256Digest& StorageDigests::of(const Storage& storage) {

@@ -234,10 +234,7 @@ class Exporter {
 
   static Manifest manifest_of(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
                               const Limits& limits) {
-    const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, limits);
-    const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
-    if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '" + std::string(kManifestKey) + "' manifest");
-    return Manifest::from_value(*manifest);
+    return Manifest::of_root(parse_checkpoint_bytes(bytes, owner, limits).root);
   }
 
   // Copies the shards of a sharded generation into DEST/checkpoints/step-N.shards/,
@@ -418,9 +415,7 @@ class Exporter {
     if (mapping.sha256 != latest_.sha256) {
       fail(ErrorCode::sha256_mismatch, args_.destination + ": the loaded " + latest_.name + " has another SHA-256");
     }
-    const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
-    if (!manifest) fail(ErrorCode::schema_field_missing, latest_.name + " has no '" + std::string(kManifestKey) + "' manifest");
-    const Manifest read = Manifest::from_value(*manifest);
+    const Manifest read = Manifest::of_root(mapping.root);
     recovered_ = {{"generation", latest->name},
                   {"step", latest->step},
                   {"epoch", latest->epoch},
