@@ -93,9 +93,13 @@
 #include "holdpoint/sharded_checkpoint.h"
 #include "io/byte_sink.h"
 #include "io/file_system.h"
+#include "fault_fs_tree.h"
 #include "support/fault_file_system.h"
 
 namespace {
+
+using holdpoint::fuzz::plain_name;
+using holdpoint::fuzz::snapshot;
 
 using holdpoint::testing::FaultFileSystem;
 using holdpoint::testing::FaultKind;
@@ -391,29 +395,6 @@ struct Layout {
   std::vector<std::string> extra_in_shards;  // empty files in the shard directory
   std::vector<std::pair<std::string, bool>> names;  // checkpoints/ entries: (name, is a directory)
 };
-
-bool plain_name(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos && name.size() <= 255;
-}
-
-// Everything under `path`: "d" for a directory, "f<bytes>" for a file, "o"
-// for anything else (a symlink).
-void snapshot(const FaultFileSystem& fs, const std::string& path, std::map<std::string, std::string>& out) {
-  if (!fs.exists(path)) return;
-  try {
-    const auto names = fs.list(path);
-    out[path] = "d";
-    for (const auto& name : names) snapshot(fs, path + "/" + name, out);
-    return;
-  } catch (const holdpoint::Error&) {
-  }
-  try {
-    out[path] = "f" + fs.contents(path);
-  } catch (const holdpoint::Error&) {
-    out[path] = "o";
-  }
-}
 
 struct Outcome {
   bool ok = false;
