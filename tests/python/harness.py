@@ -5,6 +5,7 @@ HOLDPOINT_SOURCE_DIR (default: the checkout this file lives in).
 """
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -75,6 +76,29 @@ def run(args, timeout=DEFAULT_TIMEOUT_S, limit_memory=True):
                       (e.stderr or b"").decode("utf-8", "replace"), True)
     return Result(args, p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"),
                   False)
+
+
+def cli(*args, **kwargs):
+    """The holdpoint CLI with stringified arguments."""
+    return run([holdpoint_binary()] + [str(a) for a in args], **kwargs)
+
+
+def first_code(result):
+    """The error code in 'invalid: <code>: ...' or 'error: <code>: ...' output."""
+    match = re.search(r"^(?:invalid|error): ([a-z0-9_]+):", result.stdout + result.stderr, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def json_or_none(result):
+    try:
+        return result.json()
+    except ValueError:
+        return None
+
+
+def generation_name(step):
+    """A run directory's generation file name for `step`."""
+    return f"step-{step:08d}.pt"
 
 
 def inspect(path, digests=True):

@@ -20,16 +20,8 @@ import harness
 import oracle
 
 HOLDPOINT = harness.holdpoint_binary()
-
-
-def cli(*args):
-    return harness.run([HOLDPOINT] + [str(a) for a in args])
-
-
-def first_code(result):
-    """The error code in 'invalid: <code>: ...' or 'error: <code>: ...' output."""
-    match = re.search(r"^(?:invalid|error): ([a-z0-9_]+):", result.stdout + result.stderr, re.MULTILINE)
-    return match.group(1) if match else None
+cli = harness.cli
+first_code = harness.first_code
 
 
 def state_dict():

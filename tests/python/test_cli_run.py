@@ -18,31 +18,14 @@ import tempfile
 import harness
 
 HOLDPOINT = harness.holdpoint_binary()
+cli = harness.cli
+first_code = harness.first_code
+json_or_none = harness.json_or_none
+name = harness.generation_name
 MAKE_RUN = os.path.join(harness.BUILD_DIR, "tests", "tools", "make_run_directory")
 
 # BEST is the oldest generation (lowest loss), LATEST the newest: retention must keep both.
 METRICS = "0.3,0.9,0.8,0.7,0.6"
-
-
-def cli(*args):
-    return harness.run([HOLDPOINT] + [str(a) for a in args])
-
-
-def first_code(result):
-    """The error code in 'invalid: <code>: ...' or 'error: <code>: ...' output."""
-    match = re.search(r"^(?:invalid|error): ([a-z0-9_]+):", result.stdout + result.stderr, re.MULTILINE)
-    return match.group(1) if match else None
-
-
-def json_or_none(result):
-    try:
-        return result.json()
-    except ValueError:
-        return None
-
-
-def name(step):
-    return f"step-{step:08d}.pt"
 
 
 def make_run(report, tmp, label, generations=5, metrics=METRICS):
