@@ -156,7 +156,6 @@ struct DistributedCheckpointer::Impl {
   DistributedSaveResult run_save(c10d::ProcessGroup& group, const Captured& captured, const GenerationSpec& spec);
   void finish_background();
 
-  Impl(c10d::ProcessGroup& g, TrainingState& s) : group(g), state(s) {}
   Impl(c10d::ProcessGroup& g, TrainingState& s, c10d::ProcessGroup* coordination)
       : group(coordination ? *coordination : g), state(s) {}
 
