@@ -22,7 +22,7 @@
 // single and sharded saves R times (default 3); medians are reported.
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ATen/Parallel.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "holdpoint/distributed.h"
+#include "holdpoint/gloo_process_group.h"
 #include "holdpoint/module_state.h"
 #include "holdpoint/rng_registry.h"
 #include "holdpoint/sampler.h"
@@ -162,10 +163,9 @@ int main(int argc, char** argv) {
       for (int r = 0; r < o.world; ++r) {
         threads.emplace_back([&, r] {
           try {
-            auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::minutes(5));
-            options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
             auto prefixed = c10::make_intrusive<c10d::PrefixStore>("run" + std::to_string(run), store);
-            c10d::ProcessGroupGloo group(prefixed, r, o.world, options);
+            const auto group_ptr = holdpoint::make_gloo_process_group(prefixed, r, o.world);
+            c10d::ProcessGroup& group = *group_ptr;
             RankState rank(*module, r, o.world);
             holdpoint::DistributedCheckpointer checkpointer(group, rank.state, path);
             group.barrier()->wait();

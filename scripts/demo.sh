@@ -7,7 +7,9 @@
 # captured, and write, inspect and verify a checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+# Only what the demo runs is built (target holdpoint_demo: the CLI and the
+# examples below; not the tests, fuzz replays or benchmarks).
+bash scripts/build.sh --target holdpoint_demo
 build_dir=${HOLDPOINT_BUILD_DIR:-build}
 out=$(mktemp -d "${TMPDIR:-/tmp}/holdpoint-demo.XXXXXX")
 echo

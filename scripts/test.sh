@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Installs missing packages, builds, and runs the whole test suite:
-#   1. unit, interop (Python torch 1.13 oracle), corpus and fuzz-corpus replay tests (ctest);
-#   2. a short libFuzzer run of every parser under ASan+UBSan (clang build in build-fuzz/).
+# Installs what is missing, builds, and runs the whole test suite (CI runs this):
+#   1. the primary configuration, LibTorch 2.13 from the pinned wheel (build/):
+#      unit, interop (Python torch 2.13 as the oracle; Debian's torch 1.13 for
+#      the 1.13-compatible mode where installed), corpus, fuzz-corpus replay and
+#      the installed-package consumer test (ctest);
+#   2. the second configuration, Debian's libtorch-dev (build-debian/): the
+#      libraries and every unit and fuzz-replay test;
+#   3. a short libFuzzer run of every parser under ASan+UBSan (clang, build-fuzz/).
 # Opt-in long tier: HOLDPOINT_LARGE_TESTS=1 (>4 GiB zip64 records, 65k-record
 # torch.save differential, 300 SIGKILL cycles instead of 32) and
-# HOLDPOINT_FUZZ_SECONDS=<n> (longer fuzzing).
+# HOLDPOINT_FUZZ_SECONDS=<n> (longer fuzzing). HOLDPOINT_SKIP_DEBIAN=1 skips 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
-build_dir=${HOLDPOINT_BUILD_DIR:-build}
 jobs=${HOLDPOINT_JOBS:-$(nproc)}
+started=$SECONDS
+stage() { echo "== $* ($(( (SECONDS - started) / 60 )) min so far)"; }
 
-echo "== ctest (unit, python interop, corpus, fuzz corpus replay)"
+stage "1. LibTorch 2.13 (torch==2.13.0 wheel): build"
+HOLDPOINT_LIBTORCH=wheel bash scripts/build.sh
+build_dir=${HOLDPOINT_BUILD_DIR:-build}
+stage "1. LibTorch 2.13: ctest (unit, python interop, corpus, fuzz corpus replay, consumer)"
 ctest --test-dir "$build_dir" -j "$jobs" --output-on-failure --timeout 900
 
-echo "== short fuzz run (clang libFuzzer, ASan+UBSan)"
+if [ "${HOLDPOINT_SKIP_DEBIAN:-0}" != 1 ]; then
+  debian_dir=${HOLDPOINT_DEBIAN_BUILD_DIR:-build-debian}
+  stage "2. Debian's libtorch-dev: build the libraries and the unit tests"
+  HOLDPOINT_LIBTORCH=debian HOLDPOINT_BUILD_DIR="$debian_dir" \
+    bash scripts/build.sh --target holdpoint_unit_tests
+  stage "2. Debian's libtorch-dev: ctest -L unit"
+  ctest --test-dir "$debian_dir" -L unit -j "$jobs" --output-on-failure --timeout 900
+fi
+
+stage "3. short fuzz run (clang libFuzzer, ASan+UBSan)"
 fuzz_dir=${HOLDPOINT_FUZZ_BUILD_DIR:-build-fuzz}
 cmake -S . -B "$fuzz_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
@@ -22,4 +39,4 @@ cmake -S . -B "$fuzz_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DHOLDPOINT_FUZZ_SECONDS="${HOLDPOINT_FUZZ_SECONDS:-30}"
 cmake --build "$fuzz_dir" -j "$jobs"
 ctest --test-dir "$fuzz_dir" -L fuzz --output-on-failure
-echo "== all tests passed"
+stage "all tests passed"

@@ -22,7 +22,7 @@
 // probes for how a peer's crash or hang reaches the other ranks.
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ATen/ATen.h>
@@ -40,6 +40,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "holdpoint/gloo_process_group.h"
 #include "holdpoint/sha256.h"
 
 namespace {
@@ -177,16 +178,14 @@ int main(int argc, char** argv) {
     store->setTimeout(timeout);
     // A prefix keeps this group's keys apart from anything else using the store.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("holdpoint/pg0", store);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    holdpoint::GlooGroupOptions options;
+    options.timeout = timeout;
     if (a.device == "interface") {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface("lo"));
+      options.interface = "lo";
     } else if (a.device == "default") {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    } else {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      options.hostname.clear();
     }
-    options->threads = 2;
-    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, a.rank, a.world_size, options);
+    auto pg = holdpoint::make_gloo_process_group(prefixed, a.rank, a.world_size, options);
     out["setup_ms"] = ms_since(t_setup);
 
     maybe_die(a, "allreduce");

@@ -64,7 +64,7 @@
 // or DIR exists.
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -102,6 +102,7 @@
 #include <vector>
 
 #include "holdpoint/distributed.h"
+#include "holdpoint/gloo_process_group.h"
 #include "holdpoint/lr_scheduler.h"
 #include "holdpoint/module_state.h"
 #include "holdpoint/optimizer_state.h"
@@ -421,16 +422,15 @@ int rank_main(const Args& a) {
     auto store = c10::make_intrusive<c10d::FileStore>(a.store, static_cast<int>(world));
     store->setTimeout(timeout);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("holdpoint/ddp-train", store);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    options->threads = 2;
-    auto group_ptr = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(rank),
-                                                                   static_cast<int>(world), options);
+    holdpoint::GlooGroupOptions options;
+    options.timeout = timeout;
+    const auto group_ptr =
+        holdpoint::make_gloo_process_group(prefixed, static_cast<int>(rank), static_cast<int>(world), options);
     c10d::ProcessGroup& group = *group_ptr;
     // Asynchronous saves run their collectives on a group of their own.
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> background_ptr;
+    c10::intrusive_ptr<c10d::ProcessGroup> background_ptr;
     if (a.async_saves) {
-      background_ptr = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      background_ptr = holdpoint::make_gloo_process_group(
           c10::make_intrusive<c10d::PrefixStore>("holdpoint/ddp-train-background", store), static_cast<int>(rank),
           static_cast<int>(world), options);
     }

@@ -1,4 +1,5 @@
-// Learning-rate schedulers with PyTorch 1.13's semantics and state_dict layout.
+// Learning-rate schedulers with PyTorch's semantics and state_dict layout
+// (torch 2.13's; states written by torch 1.13 are read too).
 //
 // LibTorch's C++ LRScheduler keeps no state, so a resumed C++ run cannot
 // continue a schedule. These schedulers compute exactly what
@@ -6,13 +7,17 @@
 // in the same operation order, so the learning rates match Python's bit for
 // bit in double precision) and capture exactly the keys and values of Python's
 // state_dict(), with these documented differences:
-//   - MultiStepLR.milestones is a plain dict {milestone: count}: Python's is a
-//     collections.Counter, which a weights_only load cannot build (Python's
-//     load_state_dict accepts the dict; `in` and [] behave the same on it);
-//   - OneCycleLR writes anneal_strategy ('cos' | 'linear') where Python
-//     writes anneal_func, a bound method that cannot be saved safely;
-//   - verbose and _get_lr_called_within_step are always written as False:
-//     holdpoint prints nothing and never captures inside step().
+//   - MultiStepLR.milestones is written as a plain dict {milestone: count}:
+//     Python's is a collections.Counter, which torch 1.13's weights_only load
+//     cannot build (Python's load_state_dict accepts the dict; `in` and []
+//     behave the same on it). A Counter in a file reads as that dict;
+//   - _is_initial and _get_lr_called_within_step are always written as
+//     False: holdpoint never captures inside step(). torch 1.13's 'verbose'
+//     is read (and must be a bool) but not written;
+//   - OneCycleLR writes '_anneal_func_type' ('cos' | 'linear') as torch 2.13
+//     does; torch 1.13 pickled the function itself (anneal_func), which cannot
+//     be loaded safely, and holdpoint's files from then, which wrote
+//     'anneal_strategy', still load.
 // Numbers that Python keeps as ints are written as ints; floats as floats
 // (0-d float64 tensors under SaveOptions::torch_1_13_compatible, which
 // validate accepts too).
@@ -297,15 +302,16 @@ struct ReduceLROnPlateauOptions {
   double eps = 1e-8;
 };
 
-// ReduceLROnPlateau is not an _LRScheduler in 1.13 and has its own state: all
-// of its __dict__ but the optimizer (factor, min_lrs, patience, verbose,
-// cooldown, cooldown_counter, mode, threshold, threshold_mode, best,
-// num_bad_epochs, mode_worse, eps, last_epoch, and _last_lr once it has
-// stepped). best and mode_worse may be +-inf. validate requires the static
-// fields to equal this scheduler's, 0 <= cooldown_counter <= cooldown,
-// 0 <= num_bad_epochs <= patience, a best that is not NaN, last_epoch >= 0,
-// and _last_lr exactly when last_epoch > 0; apply sets the groups' lrs to
-// _last_lr when it is present.
+// ReduceLROnPlateau is not an LRScheduler in PyTorch and has its own state:
+// all of its __dict__ but the optimizer, in torch 2.13's order (factor,
+// default_min_lr, min_lrs, patience, cooldown, eps, last_epoch, _last_lr,
+// mode_worse, mode, threshold, threshold_mode, best, cooldown_counter,
+// num_bad_epochs). best and mode_worse may be +-inf. validate also accepts
+// torch 1.13's layout ('verbose', no 'default_min_lr', _last_lr only once it
+// has stepped); it requires the static fields to equal this scheduler's,
+// 0 <= cooldown_counter <= cooldown, 0 <= num_bad_epochs <= patience, a best
+// that is not NaN, last_epoch >= 0, and _last_lr whenever last_epoch > 0;
+// apply sets the groups' lrs to _last_lr when it is present.
 class ReduceLROnPlateau final : public Component {
  public:
   ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options = {},
@@ -318,7 +324,7 @@ class ReduceLROnPlateau final : public Component {
 
   // Python's step(metrics) without an epoch.
   void step(double metric);
-  // Empty until the first step, as Python has no _last_lr before it.
+  // The groups' lrs at construction until the first step, as in torch 2.13.
   const std::vector<double>& get_last_lr() const noexcept { return last_lr_; }
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
   double best() const noexcept { return best_; }

@@ -1,28 +1,37 @@
 // OptimizerState: a LibTorch optimizer (SGD, Adam, AdamW, RMSprop, Adagrad)
-// as a checkpoint component, in PyTorch 1.13's own `state_dict` layout:
+// as a checkpoint component, in PyTorch's own `state_dict` layout as torch
+// 2.13 writes it:
 //
 //   {'state': {param index: {...per-parameter tensors and counters...}},
 //    'param_groups': [{hyperparameters..., 'params': [param indices]}]}
 //
 // Parameter indices count across all groups in order, as in Python, so a
-// file written here loads with `torch.optim.Adam.load_state_dict` and a
-// Python state dict of the same optimizer validates here. LibTorch keys its
-// state by TensorImpl address; those keys never reach a file.
+// file written here loads with `torch.optim.Adam.load_state_dict` (torch
+// 2.13, and 1.13 through SaveOptions::torch_1_13_compatible) and a Python
+// state dict of the same optimizer, written by torch 1.13 to 2.13, validates
+// here. LibTorch keys its state by TensorImpl (its address as a string up
+// to LibTorch 2.1, the pointer since 2.2); those keys never reach a file.
+// docs/format.md has the table of torch versions per component.
 //
 // Layout decisions:
 // - Step counts are int64 in LibTorch. They are written as 0-d float32
-//   tensors where Python 1.13 has tensors (Adam, AdamW, Adagrad) and as ints
-//   where it has ints (RMSprop). Above 2^24 a float32 step would round (and
-//   Python's own would stop counting), so such steps are written as 0-d
-//   float64 tensors, which Python accepts and which keep the count exact.
-// - Python-only flags are written with the value LibTorch implements
-//   (maximize False, foreach None, capturable/differentiable/fused False);
-//   a state asking for anything else is rejected, not silently ignored.
+//   tensors, as torch 2.x writes them (torch 1.13 wrote RMSprop's as an int;
+//   both are read). Above 2^24 a float32 step would round (and Python's own
+//   would stop counting), so such steps are written as 0-d float64 tensors,
+//   which Python accepts and which keep the count exact.
+// - Python-only group flags are written with torch 2.13's key order and the
+//   value LibTorch implements (maximize, capturable, differentiable False;
+//   foreach and fused None; decoupled_weight_decay False for Adam, True for
+//   AdamW, which is how torch 2.13 tells them apart). Files from older torch
+//   versions lack some of them; a missing flag means Python's default, which
+//   is that value. A state asking for anything else is rejected, not
+//   silently ignored.
 // - Python's SGD writes {'momentum_buffer': None} for parameters stepped
 //   without momentum; LibTorch keeps no entry for them. Both mean "no
 //   buffer yet", so None is accepted and restored as no entry.
-// - Python LR schedulers add 'initial_lr' (OneCycleLR also 'max_lr' and
-//   'min_lr') to each group. LibTorch options have no slot for them, so the
+// - Python LR schedulers add 'initial_lr' (OneCycleLR also 'max_lr',
+//   'min_lr', and with cycle_momentum 'max_momentum' and 'base_momentum') to
+//   each group. LibTorch options have no slot for them, so the
 //   component keeps them and writes them back: they round trip. Any other
 //   extra group key is rejected.
 //
@@ -59,6 +68,8 @@ struct SchedulerGroupKeys {
   std::optional<double> initial_lr = std::nullopt;
   std::optional<double> max_lr = std::nullopt;
   std::optional<double> min_lr = std::nullopt;
+  std::optional<double> max_momentum = std::nullopt;   // OneCycleLR with cycle_momentum
+  std::optional<double> base_momentum = std::nullopt;  // OneCycleLR with cycle_momentum
 
   bool operator==(const SchedulerGroupKeys&) const = default;
 };

@@ -175,8 +175,27 @@ std::int64_t read_at_least(const FieldReader& reader, const char* key, std::int6
   return value;
 }
 
-const std::vector<std::string> kCommonKeys = {
-    "base_lrs", "_step_count", "last_epoch", "verbose", "_get_lr_called_within_step", "_last_lr"};
+const std::vector<std::string> kCommonKeys = {"base_lrs", "_step_count", "last_epoch", "_get_lr_called_within_step",
+                                              "_last_lr"};
+// Keys that only some torch versions write: 'verbose' (1.13 to 2.6),
+// '_is_initial' (2.7 and later). Either may be there; both are bools.
+const std::vector<std::string> kVersionKeys = {"verbose", "_is_initial"};
+
+void read_version_keys(const FieldReader& reader) {
+  for (const std::string& key : kVersionKeys) {
+    if (reader.has(key)) reader.boolean(key);
+  }
+}
+
+// `state` with `from` renamed `to` (same position), where it has `from` and not `to`.
+Value with_key_renamed(const Value& state, std::string_view from, std::string_view to) {
+  if (!state.is_dict() || !state.as_dict().find(from) || state.as_dict().find(to)) return state;
+  Dict renamed;
+  for (const auto& [key, value] : state.as_dict()) {
+    renamed.insert(key.is_string() && key.as_string() == from ? DictKey(std::string(to)) : key, value);
+  }
+  return Value::dict(std::move(renamed));
+}
 
 }  // namespace
 
@@ -222,8 +241,8 @@ Value LRScheduler::capture(CaptureMode) const {
   for (const auto& [key, value] : leading_) state.insert(key, value);
   state.insert("base_lrs", float_list(base_lrs_));
   state.insert("last_epoch", Value::integer(last_epoch_));
-  state.insert("verbose", Value::boolean(false));
   state.insert("_step_count", Value::integer(step_count_));
+  state.insert("_is_initial", Value::boolean(false));
   state.insert("_get_lr_called_within_step", Value::boolean(false));
   state.insert("_last_lr", float_list(last_lr_));
   for (const auto& [key, value] : trailing_) state.insert(key, value);
@@ -236,7 +255,7 @@ void LRScheduler::validate(const Value& state) const {
   for (const auto& [key, value] : leading_) keys.push_back(key.as_string());
   keys.insert(keys.end(), kCommonKeys.begin(), kCommonKeys.end());
   for (const auto& [key, value] : trailing_) keys.push_back(key.as_string());
-  require_keys(reader, keys);
+  require_keys(reader, keys, kVersionKeys);
 
   for (const Dict* entries : {&leading_, &trailing_}) {
     for (const auto& [key, expected] : *entries) {
@@ -245,7 +264,7 @@ void LRScheduler::validate(const Value& state) const {
   }
   read_rates(reader, "base_lrs", group_count());
   read_at_least(reader, "last_epoch", -1);
-  reader.boolean("verbose");
+  read_version_keys(reader);
   read_at_least(reader, "_step_count", 0);
   reader.boolean("_get_lr_called_within_step");
   read_rates(reader, "_last_lr", group_count());
@@ -458,6 +477,11 @@ std::optional<MomentumKind> momentum_kind_of(const torch::optim::OptimizerOption
 
 const char* const kLrBoundNames[] = {"initial_lr", "max_lr", "min_lr"};
 const char* const kMomentumBoundNames[] = {"max_momentum", "base_momentum"};
+// torch 2.13 names the annealing function by '_anneal_func_type'; torch
+// 1.13 pickled the function itself ('anneal_func'), which no weights-only
+// load can read, and holdpoint's files from then wrote 'anneal_strategy'.
+constexpr std::string_view kAnnealKey = "_anneal_func_type";
+constexpr std::string_view kHoldpoint113AnnealKey = "anneal_strategy";
 
 }  // namespace
 
@@ -519,7 +543,7 @@ OneCycleLR::OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleLROptions opt
   Dict leading;
   leading.insert("total_steps", Value::integer(total_steps_));
   leading.insert("_schedule_phases", Value::list(std::move(phases)));
-  leading.insert("anneal_strategy", Value::string(options_.anneal_strategy == AnnealStrategy::cos ? "cos" : "linear"));
+  leading.insert(std::string(kAnnealKey), Value::string(options_.anneal_strategy == AnnealStrategy::cos ? "cos" : "linear"));
   leading.insert("cycle_momentum", Value::boolean(options_.cycle_momentum));
   if (options_.cycle_momentum) leading.insert("use_beta1", Value::boolean(use_beta1_));
   initial_step(initial_lrs_, std::move(leading));
@@ -612,7 +636,8 @@ std::vector<double> OneCycleLR::get_lr() {
   return lrs;
 }
 
-void OneCycleLR::validate(const Value& state) const {
+void OneCycleLR::validate(const Value& given) const {
+  const Value state = with_key_renamed(given, kHoldpoint113AnnealKey, kAnnealKey);
   LRScheduler::validate(state);
   const FieldReader reader(state, name());
   const std::int64_t epoch = reader.integer("last_epoch");
@@ -622,7 +647,8 @@ void OneCycleLR::validate(const Value& state) const {
   }
 }
 
-void OneCycleLR::apply(const Value& state) {
+void OneCycleLR::apply(const Value& given) {
+  const Value state = with_key_renamed(given, kHoldpoint113AnnealKey, kAnnealKey);
   LRScheduler::apply(state);
   // The momentum step last_epoch set; the optimizer component carries it too.
   if (!options_.cycle_momentum || last_epoch() < 0) return;
@@ -673,6 +699,7 @@ ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceL
   if (options_.cooldown < 0) invalid_option("ReduceLROnPlateau cooldown must be >= 0, got ", options_.cooldown);
   min_lrs_ = per_group(options_.min_lr, optimizer_.param_groups().size(), "min_lr");
   best_ = mode_worse();
+  last_lr_ = group_lrs_of(optimizer_);
 }
 
 double ReduceLROnPlateau::mode_worse() const {
@@ -723,50 +750,55 @@ void ReduceLROnPlateau::step(double metric) {
 Dict ReduceLROnPlateau::static_entries() const {
   Dict entries;
   entries.insert("factor", Value::floating(options_.factor));
+  // Python keeps the scalar min_lr it was given (None for a per-group list).
+  entries.insert("default_min_lr",
+                 options_.min_lr.size() == 1 ? Value::floating(options_.min_lr.front()) : Value::none());
   entries.insert("min_lrs", float_list(min_lrs_));
   entries.insert("patience", Value::integer(options_.patience));
   entries.insert("cooldown", Value::integer(options_.cooldown));
+  entries.insert("eps", Value::floating(options_.eps));
+  entries.insert("mode_worse", Value::floating(mode_worse()));
   entries.insert("mode", Value::string(options_.mode == PlateauMode::min ? "min" : "max"));
   entries.insert("threshold", Value::floating(options_.threshold));
   entries.insert("threshold_mode", Value::string(options_.threshold_mode == ThresholdMode::rel ? "rel" : "abs"));
-  entries.insert("mode_worse", Value::floating(mode_worse()));
-  entries.insert("eps", Value::floating(options_.eps));
   return entries;
 }
 
+// torch 2.13's key order: the static entries up to eps, last_epoch,
+// _last_lr (set from construction on), the rest of the static entries, then
+// the counters.
 Value ReduceLROnPlateau::capture(CaptureMode) const {
-  const Dict fixed = static_entries();
   Dict state;
-  state.insert("factor", fixed.at("factor"));
-  state.insert("min_lrs", fixed.at("min_lrs"));
-  state.insert("patience", fixed.at("patience"));
-  state.insert("verbose", Value::boolean(false));
-  state.insert("cooldown", fixed.at("cooldown"));
-  state.insert("cooldown_counter", Value::integer(cooldown_counter_));
-  state.insert("mode", fixed.at("mode"));
-  state.insert("threshold", fixed.at("threshold"));
-  state.insert("threshold_mode", fixed.at("threshold_mode"));
+  for (const auto& [key, value] : static_entries()) {
+    if (key.as_string() == "mode_worse") {
+      state.insert("last_epoch", Value::integer(last_epoch_));
+      state.insert("_last_lr", float_list(last_lr_));
+    }
+    state.insert(key, value);
+  }
   state.insert("best", Value::floating(best_));
+  state.insert("cooldown_counter", Value::integer(cooldown_counter_));
   state.insert("num_bad_epochs", Value::integer(num_bad_epochs_));
-  state.insert("mode_worse", fixed.at("mode_worse"));
-  state.insert("eps", fixed.at("eps"));
-  state.insert("last_epoch", Value::integer(last_epoch_));
-  if (last_epoch_ > 0) state.insert("_last_lr", float_list(last_lr_));
   return Value::dict(std::move(state));
 }
 
+// Accepts torch 1.13's layout too: 'verbose', no 'default_min_lr', and
+// '_last_lr' only once a step was taken.
 void ReduceLROnPlateau::validate(const Value& state) const {
   const FieldReader reader(state, name_);
   const Dict fixed = static_entries();
   std::vector<std::string> keys;
-  for (const auto& [key, value] : fixed) keys.push_back(key.as_string());
-  for (const char* key : {"verbose", "cooldown_counter", "best", "num_bad_epochs", "last_epoch"}) keys.push_back(key);
-  require_keys(reader, keys, {"_last_lr"});
+  for (const auto& [key, value] : fixed) {
+    if (key.as_string() != "default_min_lr") keys.push_back(key.as_string());
+  }
+  for (const char* key : {"cooldown_counter", "best", "num_bad_epochs", "last_epoch"}) keys.push_back(key);
+  require_keys(reader, keys, {"_last_lr", "default_min_lr", "verbose"});
 
   for (const auto& [key, expected] : fixed) {
+    if (!reader.has(key.as_string())) continue;  // default_min_lr, from torch 1.13
     expect_static(expected, reader.required(key.as_string()), reader.path_of(key.as_string()));
   }
-  reader.boolean("verbose");
+  if (reader.has("verbose")) reader.boolean("verbose");
   const std::int64_t cooldown_counter = read_at_least(reader, "cooldown_counter", 0);
   if (cooldown_counter > options_.cooldown) {
     state_error(ErrorCode::state_value_invalid, reader.path_of("cooldown_counter"), " = ", cooldown_counter,
@@ -780,11 +812,11 @@ void ReduceLROnPlateau::validate(const Value& state) const {
                 " exceeds patience ", options_.patience, " (step resets it past patience)");
   }
   const std::int64_t epoch = read_at_least(reader, "last_epoch", 0);
-  // Python sets _last_lr in step(), so it exists exactly once a step was taken.
-  if (epoch > 0) {
+  // torch 1.13 set _last_lr in step() only; torch 2.13 also at construction.
+  if (reader.has("_last_lr")) {
     read_rates(reader, "_last_lr", optimizer_.param_groups().size());
-  } else if (reader.has("_last_lr")) {
-    state_error(ErrorCode::state_key_unknown, reader.path_of("_last_lr"), " is present, but last_epoch is 0");
+  } else if (epoch > 0) {
+    state_error(ErrorCode::state_key_missing, reader.path(), " has no _last_lr, but last_epoch is ", epoch);
   }
 }
 
@@ -798,7 +830,7 @@ void ReduceLROnPlateau::apply(const Value& state) {
     last_lr_ = read_rates(reader, "_last_lr", optimizer_.param_groups().size());
     set_group_lrs(optimizer_, last_lr_);
   } else {
-    last_lr_.clear();
+    last_lr_ = group_lrs_of(optimizer_);
   }
 }
 

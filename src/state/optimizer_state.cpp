@@ -10,7 +10,9 @@
 #include <array>
 #include <cmath>
 #include <memory>
+#include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -37,7 +39,11 @@ using torch::optim::RMSpropParamState;
 using torch::optim::SGDOptions;
 using torch::optim::SGDParamState;
 
-using LibTorchState = ska::flat_hash_map<std::string, std::unique_ptr<OptimizerParamState>>;
+// LibTorch keys per-parameter state by the parameter's TensorImpl: as its
+// address printed to a string up to 2.1, as the address itself (void*) since
+// 2.2. Both layouts are served by taking the map type from the API.
+using LibTorchState = std::remove_cvref_t<decltype(std::declval<Optimizer&>().state())>;
+using LibTorchStateKey = LibTorchState::key_type;
 
 enum class OptimizerKind : std::uint8_t { sgd, adam, adamw, rmsprop, adagrad };
 
@@ -99,7 +105,7 @@ std::array<double, 2> betas_of(const std::tuple<double, double>& betas) {
   return {std::get<0>(betas), std::get<1>(betas)};
 }
 
-// In the order of Python 1.13's param_groups keys.
+// In the order of Python's param_groups keys (the same in torch 1.13 and 2.13).
 Hyperparameters hyperparameters_of(OptimizerKind kind, const OptimizerOptions& options) {
   switch (kind) {
     case OptimizerKind::sgd: {
@@ -223,46 +229,81 @@ Value hyperparameter_value(const Hyperparameter& value) {
   return Value::tuple({Value::floating(betas[0]), Value::floating(betas[1])});
 }
 
-// Python 1.13's flags that LibTorch has no switch for, in Python's key order.
-// LibTorch implements each one's default: foreach None (Python picks the
-// single-tensor path), all others False.
-std::vector<std::string_view> python_flags(OptimizerKind kind) {
+// Python's group keys that LibTorch has no option for, in torch 2.13's key
+// order, each with the one value LibTorch implements. Older files hold a
+// subset of them (torch 1.13: no 'fused' in SGD, no 'decoupled_weight_decay'
+// anywhere, ...); Python's own load_state_dict fills a missing one with its
+// default, which is that value.
+struct PythonFlag {
+  std::string_view key;
+  enum class Implemented : std::uint8_t { off, on, off_or_none } implemented;
+};
+std::vector<PythonFlag> python_flags(OptimizerKind kind) {
+  using enum PythonFlag::Implemented;
   switch (kind) {
-    case OptimizerKind::sgd: return {"maximize", "foreach", "differentiable"};
-    case OptimizerKind::adam: return {"maximize", "foreach", "capturable", "differentiable", "fused"};
-    case OptimizerKind::adamw: return {"foreach", "maximize", "capturable"};
-    case OptimizerKind::rmsprop: return {"foreach", "maximize", "differentiable"};
-    case OptimizerKind::adagrad: return {"foreach", "maximize"};
+    case OptimizerKind::sgd:
+      return {{"maximize", off}, {"foreach", off_or_none}, {"differentiable", off}, {"fused", off_or_none}};
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw:
+      return {{"maximize", off},       {"foreach", off_or_none}, {"capturable", off},
+              {"differentiable", off}, {"fused", off_or_none},
+              {"decoupled_weight_decay", kind == OptimizerKind::adamw ? on : off}};
+    case OptimizerKind::rmsprop:
+      return {{"capturable", off}, {"foreach", off_or_none}, {"maximize", off}, {"differentiable", off}};
+    case OptimizerKind::adagrad:
+      return {{"foreach", off_or_none}, {"maximize", off}, {"differentiable", off}, {"fused", off_or_none}};
   }
   return {};
 }
 
-Value implied_flag_value(std::string_view flag) { return flag == "foreach" ? Value::none() : Value::boolean(false); }
+// What a capture writes: torch 2.13's defaults (None where Python means "pick
+// the implementation").
+Value implied_flag_value(const PythonFlag& flag) {
+  return flag.implemented == PythonFlag::Implemented::off_or_none ? Value::none()
+                                                                  : Value::boolean(flag.implemented ==
+                                                                                   PythonFlag::Implemented::on);
+}
 
 struct SchedulerKey {
   std::string_view key;
   std::optional<double> SchedulerGroupKeys::*slot;
 };
 // In the order Python's schedulers add them (OneCycleLR: initial_lr, max_lr, min_lr).
-constexpr std::array<SchedulerKey, 3> kSchedulerKeys = {{{"initial_lr", &SchedulerGroupKeys::initial_lr},
+constexpr std::array<SchedulerKey, 5> kSchedulerKeys = {{{"initial_lr", &SchedulerGroupKeys::initial_lr},
                                                         {"max_lr", &SchedulerGroupKeys::max_lr},
-                                                        {"min_lr", &SchedulerGroupKeys::min_lr}}};
+                                                        {"min_lr", &SchedulerGroupKeys::min_lr},
+                                                        {"max_momentum", &SchedulerGroupKeys::max_momentum},
+                                                        {"base_momentum", &SchedulerGroupKeys::base_momentum}}};
 
-// The optimizer type a param group's keys imply in Python 1.13's layout.
-// Adam and AdamW share every hyperparameter name; only Adam has the
-// 'differentiable' and 'fused' flags.
+// The optimizer type a param group's keys imply, or nullopt where the keys
+// leave it open. Adam and AdamW share every hyperparameter name. torch >= 2.6
+// writes 'decoupled_weight_decay' (AdamW: True); torch 1.13 gave only Adam
+// the 'differentiable' and 'fused' flags; torch 2.0 to 2.5 gave them to both,
+// so a group with neither marker is left to the live optimizer.
 std::optional<OptimizerKind> implied_kind(const Dict& group) {
   const auto has = [&](std::string_view key) { return group.find(key) != nullptr; };
   if (has("dampening") || has("nesterov")) return OptimizerKind::sgd;
   if (has("alpha") || has("centered")) return OptimizerKind::rmsprop;
   if (has("lr_decay") || has("initial_accumulator_value")) return OptimizerKind::adagrad;
-  if (has("betas")) return has("differentiable") || has("fused") ? OptimizerKind::adam : OptimizerKind::adamw;
+  if (!has("betas")) return std::nullopt;
+  if (const Value* decoupled = group.find("decoupled_weight_decay"); decoupled && decoupled->is_bool()) {
+    return decoupled->as_bool() ? OptimizerKind::adamw : OptimizerKind::adam;
+  }
+  if (!has("differentiable") && !has("fused")) return OptimizerKind::adamw;  // torch 1.13's AdamW
   return std::nullopt;
 }
 
 // ---- per-parameter state -----------------------------------------------------
 
-std::string state_key(const at::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
+LibTorchStateKey state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<LibTorchStateKey, std::string>) {
+    std::ostringstream address;
+    address << param.unsafeGetTensorImpl();
+    return address.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
 
 // Above 2^24 float32 cannot count by one; float64 keeps every step below 2^53.
 Value step_tensor(std::int64_t step) {
@@ -307,7 +348,7 @@ Value capture_param_state(OptimizerKind kind, const OptimizerParamState& live, C
     }
     case OptimizerKind::rmsprop: {
       const auto& s = param_state_as<RMSpropParamState>(live);
-      entry.insert("step", Value::integer(s.step()));
+      entry.insert("step", step_tensor(s.step()));
       put_tensor(entry, "square_avg", s.square_avg(), mode);
       put_tensor(entry, "momentum_buffer", s.momentum_buffer(), mode);
       put_tensor(entry, "grad_avg", s.grad_avg(), mode);
@@ -468,27 +509,32 @@ Hyperparameters read_hyperparameters(const state::FieldReader& group, const Hype
   return values;
 }
 
-void check_python_flag(const state::FieldReader& group, std::string_view flag, OptimizerKind kind) {
-  const Value& value = group.required(flag);
-  if (flag == "foreach" && value.is_none()) return;
+void check_python_flag(const state::FieldReader& group, const PythonFlag& flag, OptimizerKind kind) {
+  if (!group.has(flag.key)) return;
+  const Value& value = group.required(flag.key);
+  if (flag.implemented == PythonFlag::Implemented::off_or_none && value.is_none()) return;
   if (!value.is_bool()) {
-    state_error(ErrorCode::state_type_invalid, group.path_of(flag), " is a ", value_kind_name(value.kind()),
+    state_error(ErrorCode::state_type_invalid, group.path_of(flag.key), " is a ", value_kind_name(value.kind()),
                 ", not a bool");
   }
-  if (value.as_bool()) {
-    state_error(ErrorCode::state_value_invalid, group.path_of(flag), " is True; LibTorch's ", kind_name(kind),
-                " implements only ", flag, "=", flag == "foreach" ? "None or False" : "False");
+  const bool implemented = flag.implemented == PythonFlag::Implemented::on;
+  if (value.as_bool() != implemented) {
+    state_error(ErrorCode::state_value_invalid, group.path_of(flag.key), " is ", value.as_bool() ? "True" : "False",
+                "; LibTorch's ", kind_name(kind), " implements only ", flag.key, "=",
+                flag.implemented == PythonFlag::Implemented::off_or_none ? "None or False"
+                : implemented                                             ? "True"
+                                                                          : "False");
   }
 }
 
 void check_group_keys(const state::FieldReader& group, const Hyperparameters& live,
-                      const std::vector<std::string_view>& flags) {
+                      const std::vector<PythonFlag>& flags) {
   for (const auto& [key, value] : group.dict()) {
     if (key.is_string()) {
       const std::string& name = key.as_string();
       const bool known = name == "params" ||
                          std::any_of(live.begin(), live.end(), [&](const auto& h) { return h.key == name; }) ||
-                         std::find(flags.begin(), flags.end(), name) != flags.end() ||
+                         std::any_of(flags.begin(), flags.end(), [&](const auto& f) { return f.key == name; }) ||
                          std::any_of(kSchedulerKeys.begin(), kSchedulerKeys.end(),
                                      [&](const SchedulerKey& k) { return k.key == name; });
       if (known) continue;
@@ -532,7 +578,7 @@ RestoredState read_state(const std::string& name, const Optimizer& optimizer, co
   RestoredState restored;
   std::vector<const OptimizerOptions*> options_of_param;
   std::vector<const at::Tensor*> params;
-  const std::vector<std::string_view> flags = python_flags(kind);
+  const std::vector<PythonFlag> flags = python_flags(kind);
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const state::FieldReader group(groups[g], group_path(name, g));
     const Hyperparameters live = hyperparameters_of(kind, live_groups[g].options());
@@ -543,7 +589,7 @@ RestoredState read_state(const std::string& name, const Optimizer& optimizer, co
       state_error(ErrorCode::state_value_invalid, group.path_of("nesterov"),
                   " is True, which needs momentum > 0 and dampening 0");
     }
-    for (std::string_view flag : flags) check_python_flag(group, flag, kind);
+    for (const PythonFlag& flag : flags) check_python_flag(group, flag, kind);
     SchedulerGroupKeys scheduler_keys;
     for (const auto& [key, slot] : kSchedulerKeys) {
       if (!group.has(key)) continue;
@@ -631,7 +677,7 @@ Value OptimizerState::capture(CaptureMode mode) const {
     for (const NamedHyperparameter& value : hyperparameters_of(kind, live_groups[g].options())) {
       group.insert(std::string(value.key), hyperparameter_value(value.value));
     }
-    for (std::string_view flag : python_flags(kind)) group.insert(std::string(flag), implied_flag_value(flag));
+    for (const PythonFlag& flag : python_flags(kind)) group.insert(std::string(flag.key), implied_flag_value(flag));
     if (g < scheduler_keys_.size()) {
       for (const auto& [key, slot] : kSchedulerKeys) {
         const std::optional<double>& value = scheduler_keys_[g].*slot;

@@ -1,8 +1,13 @@
 #include "holdpoint/torch_tensor.h"
 
 #include <ATen/ops/from_blob.h>
+#include <torch/version.h>
 
 #include "common/fail.h"
+
+// Scalar types that LibTorch added after 1.13 are mapped only where they exist.
+#define HOLDPOINT_LIBTORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace holdpoint {
 
@@ -23,7 +28,16 @@ std::optional<c10::ScalarType> to_scalar_type(DType dtype) noexcept {
     case DType::complex32: return c10::ScalarType::ComplexHalf;
     case DType::complex64: return c10::ScalarType::ComplexFloat;
     case DType::complex128: return c10::ScalarType::ComplexDouble;
-    default: return std::nullopt;  // LibTorch 1.13 has no unsigned > 8 bit or float8 types
+#if HOLDPOINT_LIBTORCH_AT_LEAST(2, 3)
+    case DType::uint16: return c10::ScalarType::UInt16;
+    case DType::uint32: return c10::ScalarType::UInt32;
+    case DType::uint64: return c10::ScalarType::UInt64;
+    case DType::float8_e4m3fn: return c10::ScalarType::Float8_e4m3fn;
+    case DType::float8_e5m2: return c10::ScalarType::Float8_e5m2;
+    case DType::float8_e4m3fnuz: return c10::ScalarType::Float8_e4m3fnuz;
+    case DType::float8_e5m2fnuz: return c10::ScalarType::Float8_e5m2fnuz;
+#endif
+    default: return std::nullopt;  // not a scalar type of this LibTorch (1.13 has no unsigned > 8 bit or float8)
   }
 }
 
@@ -42,6 +56,15 @@ DType from_scalar_type(c10::ScalarType type) {
     case c10::ScalarType::ComplexHalf: return DType::complex32;
     case c10::ScalarType::ComplexFloat: return DType::complex64;
     case c10::ScalarType::ComplexDouble: return DType::complex128;
+#if HOLDPOINT_LIBTORCH_AT_LEAST(2, 3)
+    case c10::ScalarType::UInt16: return DType::uint16;
+    case c10::ScalarType::UInt32: return DType::uint32;
+    case c10::ScalarType::UInt64: return DType::uint64;
+    case c10::ScalarType::Float8_e4m3fn: return DType::float8_e4m3fn;
+    case c10::ScalarType::Float8_e5m2: return DType::float8_e5m2;
+    case c10::ScalarType::Float8_e4m3fnuz: return DType::float8_e4m3fnuz;
+    case c10::ScalarType::Float8_e5m2fnuz: return DType::float8_e5m2fnuz;
+#endif
     default: break;
   }
   fail(ErrorCode::dtype_unsupported, "scalar type ", c10::toString(type), " has no checkpoint dtype");

@@ -1,7 +1,9 @@
 #include "support/test_support.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -63,6 +65,31 @@ std::vector<std::byte> bytes_of(std::string_view text) {
 
 std::filesystem::path source_dir() { return HOLDPOINT_SOURCE_DIR; }
 std::filesystem::path corpus_dir() { return HOLDPOINT_CORPUS_DIR; }
+
+std::string oracle_python() {
+  const std::string path = HOLDPOINT_ORACLE_PYTHON;
+  if (path.empty() || !std::filesystem::exists(path)) {
+    ADD_FAILURE() << "the oracle Python '" << path << "' is missing: run scripts/install-deps.sh";
+  }
+  return path;
+}
+
+std::string compat_python() { return HOLDPOINT_COMPAT_PYTHON; }
+
+PythonRun run_python(const std::string& interpreter, const std::filesystem::path& script, const std::string& arguments,
+                     const std::filesystem::path& stdin_path) {
+  std::string command = "cd /tmp && '" + interpreter + "' '" + script.string() + "' " + arguments;
+  if (!stdin_path.empty()) command += " < '" + stdin_path.string() + "'";
+  command += " 2>&1";
+  PythonRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return run;
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) run.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
 
 }  // namespace holdpoint::testing
 

@@ -51,6 +51,23 @@ std::vector<std::byte> bytes_of(std::string_view text);
 std::filesystem::path source_dir();  // the repository root
 std::filesystem::path corpus_dir();  // tests/corpus (a copy of the shared corpus)
 
+// The Python interpreters of the interop tests (CMake's HOLDPOINT_ORACLE_PYTHON
+// and HOLDPOINT_COMPAT_PYTHON; docs/build.md). The oracle (torch 2.13, the
+// project's .venv) is required: a test that needs it fails when it is missing.
+// The compatibility interpreter (Debian's python3-torch 1.x) is optional:
+// empty when none was found, and the tests that need it skip.
+std::string oracle_python();
+std::string compat_python();
+
+struct PythonRun {
+  int status = -1;     // the exit status (-1: could not run)
+  std::string output;  // stdout and stderr together
+};
+// Runs `interpreter script arguments` (arguments are passed to the shell as
+// they are) in /tmp, with `stdin_path` as standard input when it is not empty.
+PythonRun run_python(const std::string& interpreter, const std::filesystem::path& script,
+                     const std::string& arguments = "", const std::filesystem::path& stdin_path = {});
+
 }  // namespace holdpoint::testing
 
 namespace holdpoint {

@@ -2,7 +2,7 @@
 // threads of this process (one HashStore), and the DistributedSampler.
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "holdpoint/distributed.h"
+#include "holdpoint/gloo_process_group.h"
 #include "holdpoint/rng_registry.h"
 #include "holdpoint/sampler.h"
 #include "holdpoint/sharded_checkpoint.h"
@@ -117,7 +118,7 @@ DistributedCheckpointOptions options_with_counter() {
 }
 
 // Runs `body(rank, group, background)` on `world` threads, each with its own
-// ProcessGroupGloo pair (the second one for background saves) over one
+// Gloo group pair (the second one for background saves) over one
 // HashStore. Returns each rank's exception (empty when it returned).
 using TwoGroupBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group, c10d::ProcessGroup& background)>;
 std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGroupBody& body, bool background = true) {
@@ -130,11 +131,11 @@ std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGr
     threads.emplace_back([&, rank] {
       try {
         const auto make = [&](const std::string& name) {
-          auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(20));
-          options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-          options->threads = 1;
-          return c10::make_intrusive<c10d::ProcessGroupGloo>(
-              c10::make_intrusive<c10d::PrefixStore>(prefix + name, store), rank, world, options);
+          holdpoint::GlooGroupOptions options;
+          options.timeout = std::chrono::seconds(20);
+          options.threads = 1;
+          return holdpoint::make_gloo_process_group(c10::make_intrusive<c10d::PrefixStore>(prefix + name, store),
+                                                    rank, world, options);
         };
         auto group = make("/main");
         auto second = background ? make("/background") : group;

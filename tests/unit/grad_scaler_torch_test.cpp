@@ -246,24 +246,14 @@ TEST(GradScaler, RejectsInvalidStateAndChangesNothing) {
   rejected(Value::list(), ErrorCode::state_type_invalid);
 }
 
-// ---- Python 1.13's GradScaler ----------------------------------------------------
+// ---- Python's GradScaler (torch 2.13, the oracle) ----------------------------------------------------
 
-struct PythonResult {
-  int status = -1;
-  std::string output;
-};
+using PythonResult = testing::PythonRun;
 
+// Writes `script` to `script_path` and runs it with the oracle Python (torch 2.13).
 PythonResult run_python(const fs::path& script_path, const std::string& script, const std::string& arguments) {
   std::ofstream(script_path) << script;
-  const std::string command = "cd /tmp && /usr/bin/python3 '" + script_path.string() + "' " + arguments + " 2>&1";
-  PythonResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  result.status = pclose(pipe);
-  return result;
+  return testing::run_python(testing::oracle_python(), script_path, arguments);
 }
 
 // Without CUDA, Python's GradScaler() disables itself (with a warning): its

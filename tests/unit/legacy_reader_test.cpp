@@ -1,5 +1,5 @@
 // The legacy (non-zip) stream reader: every legacy file of the real corpus,
-// files written by Debian's torch 1.13 with _use_new_zipfile_serialization=False
+// files written by torch 2.13 (the oracle Python) with _use_new_zipfile_serialization=False
 // compared element by element, each rejection with its code, and the hostile
 // corpus refused quickly and without large allocations.
 #include "format/legacy_reader.h"
@@ -204,7 +204,7 @@ TEST(LegacyReader, ZipAndOtherFilesAreNotLegacyStreams) {
   EXPECT_ERROR_CODE(read_bytes({}), ErrorCode::legacy_magic_invalid);
 }
 
-// ==== files written by torch 1.13 ================================================================
+// ==== files written by torch's legacy serializer (torch 2.13) ================================================================
 
 // Writes legacy streams with Debian's torch and, beside each, the expected
 // tensors: "name dtype dims... | hex bytes" per line, in C order.
@@ -268,16 +268,15 @@ std::map<std::string, ExpectedTensor> parse_expected(const std::filesystem::path
   return out;
 }
 
-TEST(LegacyReader, MatchesTensorsWrittenByTorch113) {
-  if (!std::filesystem::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+TEST(LegacyReader, MatchesTensorsWrittenByTorchsLegacySerializer) {
   holdpoint::testing::TempDir dir;
   holdpoint::testing::write_file_bytes(dir / "generate.py", holdpoint::testing::bytes_of(kGenerator));
   for (int protocol : {1, 2, 4}) {
     SCOPED_TRACE(protocol);
     const auto path = dir / ("legacy" + std::to_string(protocol) + ".pt");
-    const std::string command = "/usr/bin/python3 " + (dir / "generate.py").string() + " " + path.string() + " " +
-                                std::to_string(protocol) + " 2>&1";
-    if (std::system(command.c_str()) != 0) GTEST_SKIP() << "torch is not importable by /usr/bin/python3";
+    const auto run = holdpoint::testing::run_python(holdpoint::testing::oracle_python(), dir / "generate.py",
+                                                    path.string() + " " + std::to_string(protocol));
+    ASSERT_EQ(run.status, 0) << run.output;
     const auto bytes = read_file_bytes(path);
     ASSERT_TRUE(looks_like_legacy_stream(bytes));
     const LegacyStream s = read_bytes(bytes);

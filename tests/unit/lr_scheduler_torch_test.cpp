@@ -1,5 +1,5 @@
 // Learning-rate schedulers against PyTorch 1.13 itself: every case below runs
-// in Debian's /usr/bin/python3 (torch 1.13) and in C++, and the learning
+// in the oracle Python (torch 2.13) and in C++, and the learning
 // rates (and OneCycleLR's momentum) of 60 steps must be bitwise equal, as
 // must the final state_dict (after the two documented layout changes). Then
 // resume at several cuts through save_mapping / load_checkpoint_mapping, a
@@ -30,7 +30,6 @@ using holdpoint::testing::TempDir;
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 60;
-constexpr const char* kPython = "/usr/bin/python3";  // Debian's, with torch 1.13
 
 // ---- optimizers and schedulers on both sides ------------------------------------
 
@@ -266,23 +265,12 @@ std::string bitwise_difference(const std::vector<std::vector<double>>& expected,
 
 // ---- the Python reference ----------------------------------------------------------
 
-struct PythonResult {
-  int status = -1;
-  std::string output;
-};
+using PythonResult = testing::PythonRun;
 
+// Writes `script` to `script_path` and runs it with the oracle Python (torch 2.13).
 PythonResult run_python(const fs::path& script_path, const std::string& script, const std::string& arguments) {
   std::ofstream(script_path) << script;
-  const std::string command =
-      std::string("cd /tmp && ") + kPython + " '" + script_path.string() + "' " + arguments + " 2>&1";
-  PythonResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  result.status = pclose(pipe);
-  return result;
+  return testing::run_python(testing::oracle_python(), script_path, arguments);
 }
 
 const char* const kPythonPrelude = R"PY(

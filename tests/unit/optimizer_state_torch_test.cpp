@@ -633,20 +633,13 @@ TEST(OptimizerStateRejectsOther, SgdNesterovNeedsMomentumAndNoDampening) {
 
 // ==== Python as the oracle ====================================================================
 
-// Runs `script` with /usr/bin/python3 (Debian's, with python3-torch) and
-// returns its stdout, or nullopt when python3 or torch is missing.
+// Runs `script` with the oracle Python (torch 2.13) and returns its output;
+// a failing script fails the test.
 std::optional<std::string> run_python(const TempDir& dir, const std::string& script, const std::string& args = "") {
-  if (!std::filesystem::exists("/usr/bin/python3")) return std::nullopt;
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return std::nullopt;
   testing::write_file_bytes(dir / "oracle.py", testing::bytes_of(script));
-  const std::string command = "/usr/bin/python3 " + (dir / "oracle.py").string() + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return std::nullopt;
-  std::string output;
-  char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  if (::pclose(pipe) != 0) ADD_FAILURE() << "python failed:\n" << output;
-  return output;
+  const auto run = testing::run_python(testing::oracle_python(), dir / "oracle.py", args);
+  if (run.status != 0) ADD_FAILURE() << "python failed:\n" << run.output;
+  return run.output;
 }
 
 // Each line: name|group keys|state keys|kind of 'step' (for parameter 0).
@@ -692,7 +685,7 @@ show('RmspropPlain', torch.optim.RMSprop(p(), lr=0.01))
 show('RmspropCenteredMomentum', torch.optim.RMSprop(p(), lr=0.01, momentum=0.5, centered=True))
 show('Adagrad', torch.optim.Adagrad(p(), lr=0.1))
 )");
-  if (!output) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  ASSERT_TRUE(output);
 
   using namespace torch::optim;
   const std::vector<OptimizerCase> cases = {
@@ -839,7 +832,7 @@ TEST(OptimizerStatePython, TorchOptimizersLoadTheStateAndTakeTheSameStepBitForBi
   testing::write_file_bytes(dir / "manifest.txt", testing::bytes_of(manifest));
 
   const auto output = run_python(dir, kPythonStep, dir.path().string());
-  if (!output) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  ASSERT_TRUE(output);
   ASSERT_EQ(*output, "ok\n");
   for (std::size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].name);

@@ -451,24 +451,17 @@ TEST(PickleWriter, RefusesTensorsOutsideTheirStorage) {
 
 // ==== Python as the oracle ====================================================================
 
-// Runs `script` with the pickle on stdin; returns its stdout, or nullopt when
-// Debian's python3 (or torch, when the script imports it) is not installed.
-std::optional<std::string> run_python(const std::vector<std::byte>& pickle, const std::string& script) {
-  if (!std::filesystem::exists("/usr/bin/python3")) return std::nullopt;
+// Runs `script` with `interpreter` and the pickle on stdin; returns its
+// output, or nullopt when no interpreter is given. A failing script fails the test.
+std::optional<std::string> run_python(const std::string& interpreter, const std::vector<std::byte>& pickle,
+                                      const std::string& script) {
+  if (interpreter.empty()) return std::nullopt;
   holdpoint::testing::TempDir dir;
   holdpoint::testing::write_file_bytes(dir / "data.pkl", pickle);
   holdpoint::testing::write_file_bytes(dir / "check.py", holdpoint::testing::bytes_of(script));
-  const std::string command =
-      "/usr/bin/python3 " + (dir / "check.py").string() + " < " + (dir / "data.pkl").string() + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return std::nullopt;
-  std::string output;
-  char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  if (output.find("ModuleNotFoundError") != std::string::npos) return std::nullopt;
-  if (status != 0) ADD_FAILURE() << "python failed: " << output;
-  return output;
+  const auto run = holdpoint::testing::run_python(interpreter, dir / "check.py", "", dir / "data.pkl");
+  if (run.status != 0) ADD_FAILURE() << "python failed: " << run.output;
+  return run.output;
 }
 
 TEST(PickleWriter, CPythonUnpicklesPlainValuesIdentically) {
@@ -483,9 +476,9 @@ TEST(PickleWriter, CPythonUnpicklesPlainValuesIdentically) {
   dict.insert("u", Value::string("h\xc3\xa9"));
   dict.insert("by", Value::bytes(std::string("\x00\xff", 2)));
   dict.insert(DictKey(7), Value::tuple({Value::integer(1), Value::integer(2), Value::integer(3), Value::integer(4)}));
-  const auto output = run_python(write_pickle(Value::dict(dict)).pickle,
+  const auto output = run_python(holdpoint::testing::oracle_python(), write_pickle(Value::dict(dict)).pickle,
                                  "import pickle, sys\nprint(repr(pickle.loads(sys.stdin.buffer.read())))\n");
-  if (!output) GTEST_SKIP() << "no /usr/bin/python3";
+  ASSERT_TRUE(output);
   EXPECT_EQ(*output,
             "{'a': 1, 'b': [1, 2], 'c': 'x', 'big': -1099511627776, 't': (None, True, False, 65536), 'f': 0.25, "
             "'u': 'h\xc3\xa9', 'by': b'\\x00\\xff', 7: (1, 2, 3, 4)}\n");
@@ -526,8 +519,9 @@ m = obj['model']
 print(type(m).__name__, list(m.keys()), m._metadata, m['w'] is m['tied'], m['w'].dtype, tuple(m['w'].shape))
 print(obj['step'], obj['lr'].dtype, obj['lr'].dim(), obj['name'], obj['shape'], obj['params'], obj[0])
 )";
-  const auto output = run_python(write_pickle(Value::dict(root), compat).pickle, script);
-  if (!output) GTEST_SKIP() << "no /usr/bin/python3 with torch";
+  // The torch-1.13-compatible encoding, read by torch 1.13's own weights-only unpickler.
+  const auto output = run_python(holdpoint::testing::compat_python(), write_pickle(Value::dict(root), compat).pickle, script);
+  if (!output) GTEST_SKIP() << "no Python with torch 1.x (Debian's python3-torch)";
   EXPECT_EQ(*output,
             "OrderedDict ['w', 'tied'] OrderedDict([('', {'version': 1})]) True torch.float32 (2, 3)\n"
             "1099511627776 torch.float64 0 h\xc3\xa9llo (2, 3) [0, 1] None\n");

@@ -499,7 +499,6 @@ TEST(TrainingStateModelOnly, LoadsHoldpointAndLegacyLayouts) {
 }
 
 TEST(TrainingStateModelOnly, PythonStateDictLoadsIntoTheEquivalentLibTorchModel) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3-torch";
   TempDir dir;
   const auto script = dir / "make.py";
   testing::write_file_bytes(script, testing::bytes_of(
@@ -509,9 +508,9 @@ TEST(TrainingStateModelOnly, PythonStateDictLoadsIntoTheEquivalentLibTorchModel)
       "m(torch.randn(5, 4))\n"
       "torch.save(m.state_dict(), sys.argv[1])\n"
       "torch.save({k: v for k, v in m.state_dict().items()}, sys.argv[2])\n"));
-  const std::string command = "cd /tmp && /usr/bin/python3 " + script.string() + " " + (dir / "py.pt").string() + " " +
-                              (dir / "py_plain.pt").string();
-  ASSERT_EQ(std::system(command.c_str()), 0);
+  const auto run = testing::run_python(testing::oracle_python(), script,
+                                       (dir / "py.pt").string() + " " + (dir / "py_plain.pt").string());
+  ASSERT_EQ(run.status, 0) << run.output;
   Fixture target(9);
   const LoadReport report = target.state.load_model_state(dir / "py.pt");
   EXPECT_EQ(report.layout, "state_dict");

@@ -169,17 +169,12 @@ bool large_tests_enabled() {
   return value != nullptr && std::string_view(value) == "1";
 }
 
-bool oracle_has_torch() {
-  static const bool has_torch = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-  return has_torch;
-}
-
-// Runs `script` with Debian's torch; sys.argv[1] is `output`.
+// Runs `script` with the oracle Python (torch 2.13); sys.argv[1] is `output`.
 void run_torch_script(const TempDir& dir, const std::string& script, const std::filesystem::path& output) {
   const auto script_path = dir / "make_fixture.py";
   std::ofstream(script_path) << "import sys, collections, torch\n" << script << "\n";
-  const std::string command = "/usr/bin/python3 " + script_path.string() + " " + output.string();
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const auto run = testing::run_python(testing::oracle_python(), script_path, output.string());
+  ASSERT_EQ(run.status, 0) << run.output;
 }
 
 // Reads an archive and writes its records again, in order, under the same
@@ -206,7 +201,6 @@ void expect_reemitted_identically(std::span<const std::byte> original) {
 }
 
 void expect_torch_file_reemitted_identically(const std::string& fixture_name, const std::string& script) {
-  if (!oracle_has_torch()) GTEST_SKIP() << "/usr/bin/python3 has no torch";
   TempDir dir;
   const auto path = dir / (fixture_name + ".pt");
   run_torch_script(dir, script, path);
@@ -579,7 +573,6 @@ TEST_F(ZipWriterLarge, RecordOver4GiBRoundTripsThroughAFile) {
 }
 
 TEST_F(ZipWriterLarge, TorchRecordOver4GiBIsReproduced) {
-  if (!oracle_has_torch()) GTEST_SKIP() << "/usr/bin/python3 has no torch";
   const auto path = dir_ / "big_torch.pt";
   run_torch_script(dir_, R"(
 big = torch.full((4294967396,), 7, dtype=torch.uint8)
