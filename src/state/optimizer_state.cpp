@@ -295,15 +295,19 @@ std::optional<OptimizerKind> implied_kind(const Dict& group) {
 
 // ---- per-parameter state -----------------------------------------------------
 
-LibTorchStateKey state_key(const at::Tensor& param) {
-  if constexpr (std::is_same_v<LibTorchStateKey, std::string>) {
-    std::ostringstream address;
+// A template, so that only the branch of this LibTorch's key type is compiled.
+template <typename Key>
+Key key_of(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream address;  // what LibTorch <= 2.1 printed with c10::guts::to_string
     address << param.unsafeGetTensorImpl();
     return address.str();
   } else {
     return param.unsafeGetTensorImpl();
   }
 }
+
+LibTorchStateKey state_key(const at::Tensor& param) { return key_of<LibTorchStateKey>(param); }
 
 // Above 2^24 float32 cannot count by one; float64 keeps every step below 2^53.
 Value step_tensor(std::int64_t step) {

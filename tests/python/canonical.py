@@ -88,7 +88,7 @@ class LiveEncoder:
             return {"list": [self.encode(x) for x in v]}
         if type(v) is tuple:
             return {"tuple": [self.encode(x) for x in v]}
-        if type(v) is dict:
+        if type(v) in (dict, collections.Counter):  # a Counter reads as the dict of its counts
             return {"dict": [[self.key(k), self.encode(x)] for k, x in v.items()]}
         if type(v) is collections.OrderedDict:
             return {"odict": [[self.key(k), self.encode(x)] for k, x in v.items()]}

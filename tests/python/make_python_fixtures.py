@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Writes Python torch.save fixtures and, beside each, `<file>.expected.json`.
 
 The expected tree is the canonical NODE encoding of the LIVE object that was saved
@@ -21,6 +20,13 @@ import canonical
 ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
               torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
 
+# Dtypes torch 2.x writes as UntypedStorage + _rebuild_tensor_v3 (no storage class,
+# so zip files only), where the running torch has them: none on torch 1.13.
+TORCH2_DTYPES = [getattr(torch, name) for name in (
+    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16",
+) if hasattr(torch, name)]
+
 INT_EDGES = [0, 1, -1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**40, -2**40,
              2**63 - 1, -2**63]
 
@@ -42,6 +48,15 @@ def sample(dtype, shape, seed):
     return torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(dtype).reshape(shape)
 
 
+def bit_pattern(dtype, shape, seed):
+    """Deterministic raw bytes viewed as `dtype`: bits* and float4_e2m1fn_x2 have no
+    arithmetic to fill them with, and every pattern is a valid element of the others."""
+    g = torch.Generator().manual_seed(seed)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (math.prod(shape) * itemsize,), generator=g, dtype=torch.int64).to(torch.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
 def trained_optimizer(kind):
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
@@ -57,6 +72,49 @@ def trained_optimizer(kind):
     return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 2, "loss": float(loss)}
 
 
+class BasicBlock(torch.nn.Module):
+    """A ResNet basic block (conv-bn-relu-conv-bn, optional 1x1 downsample)."""
+
+    def __init__(self, inputs, outputs, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(outputs)
+        self.conv2 = torch.nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(outputs)
+        if stride != 1 or inputs != outputs:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                                  torch.nn.BatchNorm2d(outputs))
+
+
+class SmallResNet(torch.nn.Module):
+    """torchvision's resnet18 layout (names, BatchNorm buffers, downsample
+    branches) at a small width, built from torch alone: PyPI's torchvision does
+    not load beside the pinned CPU torch."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 7, 2, 3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        widths = [8, 16, 32, 64]
+        inputs = 8
+        for i, width in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            setattr(self, f"layer{i + 1}", torch.nn.Sequential(BasicBlock(inputs, width, stride),
+                                                              BasicBlock(width, width, 1)))
+            inputs = width
+        self.fc = torch.nn.Linear(64, 10)
+
+
+def trained_scheduler():
+    """A MultiStepLR's state: its milestones are a collections.Counter."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[2, 5, 5], gamma=0.5)
+    for _ in range(3):
+        opt.step()
+        scheduler.step()
+    return {"scheduler": scheduler.state_dict(), "optimizer": opt.state_dict()}
+
+
 class TiedLM(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -70,7 +128,9 @@ def fixtures():
     """(name, object, legacy?) triples. Built fresh on each call."""
     out = []
 
-    out.append(("resnet18_state_dict", __import__("torchvision").models.resnet18(weights=None).state_dict(), False))
+    torch.manual_seed(5)
+    out.append(("resnet_state_dict", SmallResNet().state_dict(), False))
+    out.append(("scheduler_multistep", trained_scheduler(), False))
     out.append(("optimizer_sgd_momentum", trained_optimizer("sgd"), False))
     out.append(("optimizer_adam", trained_optimizer("adam"), False))
     out.append(("optimizer_adam_legacy", trained_optimizer("adam"), True))
@@ -114,6 +174,15 @@ def fixtures():
     dtypes["requires_grad"] = sample(torch.float32, (4,), 302).requires_grad_()
     out.append(("all_dtypes", dtypes, False))
     out.append(("all_dtypes_legacy", collections.OrderedDict(dtypes), True))
+
+    if TORCH2_DTYPES:
+        torch2 = collections.OrderedDict()
+        for i, dt in enumerate(TORCH2_DTYPES):
+            name = canonical.dtype_name(dt)
+            torch2[name] = bit_pattern(dt, (3, 4), 500 + i)
+            torch2[name + "_0d"] = bit_pattern(dt, (), 600 + i)
+            torch2[name + "_view"] = torch2[name].t()[1:]
+        out.append(("torch2_dtypes", torch2, False))
 
     unicode = {
         "ünïcødé": torch.tensor([1.0]),

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """An independent restricted reader for PyTorch checkpoints, used as a test oracle.
 
 It reads `.pt` zip archives (via `zipfile`), legacy non-zip streams (the layout of
@@ -54,6 +53,14 @@ DTYPES = {
     "float8_e5m2": (1, None),
     "float8_e4m3fnuz": (1, None),
     "float8_e5m2fnuz": (1, None),
+    # torch 2.13 writes these the same way
+    "float8_e8m0fnu": (1, None),
+    "float4_e2m1fn_x2": (1, None),
+    "bits1x8": (1, None),
+    "bits2x4": (1, None),
+    "bits4x2": (1, None),
+    "bits8": (1, None),
+    "bits16": (2, None),
 }
 STORAGE_CLASS_DTYPE = {cls: name for name, (_, cls) in DTYPES.items() if cls}
 
@@ -61,8 +68,14 @@ SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
     "BOOL": "bool", "C64": "complex64", "U16": "uint16", "U32": "uint32", "U64": "uint64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn", "F6_E2M3": "float6_e2m3fn", "F6_E3M2": "float6_e3m2fn",
 }
+# safetensors-only dtypes whose elements are not whole bytes: no torch dtype, so
+# not in DTYPES (a pickle may not name them).
+SUB_BYTE_BITS = {"float4_e2m1fn": 4, "float6_e2m3fn": 6, "float6_e3m2fn": 6}
+JSON_WHITESPACE = b" \t\r\n"
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
@@ -154,6 +167,17 @@ def stub_ordered_dict(*args):
     return StateDict()
 
 
+def stub_counter(*args):
+    """collections.Counter(counts): torch >= 2.x writes MultiStepLR's milestones
+    as one; read as the plain dict of its counts."""
+    if len(args) > 1 or (args and type(args[0]) is not dict):
+        raise OracleError("collections.Counter takes () or one dict")
+    counts = dict(args[0]) if args else {}
+    if not all(_is_int(v) for v in counts.values()):
+        raise OracleError("a collections.Counter count is not an int")
+    return counts
+
+
 def stub_rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks, metadata=None):
     if type(storage) is not StorageRef or storage.dtype is None:
         raise OracleError("_rebuild_tensor_v2 on something that is not a typed storage")
@@ -197,6 +221,7 @@ def stub_codecs_encode(text, encoding):
 
 ALLOWED = {
     ("collections", "OrderedDict"): stub_ordered_dict,
+    ("collections", "Counter"): stub_counter,
     ("torch._utils", "_rebuild_tensor_v2"): stub_rebuild_tensor_v2,
     ("torch._utils", "_rebuild_tensor_v3"): stub_rebuild_tensor_v3,
     ("torch._utils", "_rebuild_parameter"): stub_rebuild_parameter,
@@ -414,7 +439,8 @@ def read_safetensors(data, digests=True, records_out=None):
         numel = 1
         for s in shape:
             numel *= s
-        if numel * DTYPES[dtype][0] != offs[1] - offs[0]:
+        bits = numel * (SUB_BYTE_BITS[dtype] if dtype in SUB_BYTE_BITS else 8 * DTYPES[dtype][0])
+        if bits % 8 or bits // 8 != offs[1] - offs[0]:
             raise OracleError(f"safetensors: entry {name} size")
         extents.append(tuple(offs))
         if records_out is not None:
@@ -558,7 +584,7 @@ def load(path, digests=True):
         fmt = "pytorch_zip"
         root, storage_bytes = read_zip(data)
     elif (len(data) >= 9 and struct.unpack_from("<Q", data, 0)[0] + 8 <= len(data)
-          and data[8:9] == b"{"):
+          and data[8:8 + struct.unpack_from("<Q", data, 0)[0]].lstrip(JSON_WHITESPACE)[:1] == b"{"):
         return {"format": "safetensors", "tree": read_safetensors(data, digests)}
     else:
         if len(data) > 512 and data[257:262] == b"ustar":

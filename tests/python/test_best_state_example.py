@@ -4,7 +4,7 @@ controls, and the published envelope loaded by Python's torch.load(weights_only=
 into a fresh, poisoned seed-004 module with strict=True (the consumer's side of the
 handoff).
 
-Run by ctest with Debian's /usr/bin/python3 (torch 1.13)."""
+Run by ctest with the oracle Python (torch 2.13)."""
 
 import json
 import os

@@ -4,7 +4,7 @@ tests/tools/make_run_directory.cpp through RunDirectory::commit. Exit codes (0 o
 failed, 2 usage or the run cannot be opened), the error code of each refusal, the JSON
 shapes of docs/cli.md, and what is (and is not) left on disk.
 
-Run by ctest with Debian's /usr/bin/python3 (torch 1.13, used to load an exported file)."""
+Run by ctest with the oracle Python (torch 2.13, used to load an exported file)."""
 
 import hashlib
 import json

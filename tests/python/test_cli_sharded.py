@@ -9,7 +9,7 @@ Positive and negative cases alternate: a good generation verifies, and each way 
 go wrong (a flipped byte, a truncated or extended file, a missing file or directory, another
 step's shard of the same rank, a symlink) is refused with its own code and the rank named.
 
-Run by ctest with Debian's /usr/bin/python3 (torch 1.13, used to read a shard file)."""
+Run by ctest with the oracle Python (torch 2.13, used to read a shard file)."""
 
 import hashlib
 import json

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Verdicts on the real-world and hostile corpus (tests/corpus), driven by
 tests/corpus_verdicts.tsv (path, verdict, code, note).
 

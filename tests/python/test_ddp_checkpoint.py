@@ -17,8 +17,7 @@ c. Tamper: one flipped byte in a copied checkpoint's rank-1 shard makes every ra
 d. World-size change 4 -> 2 (unqualified, allowed): the 19 updates of both runs consume
    each row exactly once in each of epochs 0, 1 and 2. Without the permission, or with
    the cpu-gloo-ddp-v1 profile, the load fails with distributed_world_size_changed.
-e. Interop: with --torch-1-13-compatible, Python's torch 1.13 `torch.load(...,
-   weights_only=True)` opens the step manifest and every shard; the shard digests match
+e. Interop: Python's torch 2.13 `torch.load(..., weights_only=True)` opens the step manifest and every shard; the shard digests match
    the manifest's records, each model tensor is held by exactly one shard, and the
    model reassembled in Python hashes to the run's model_sha256.
 f. Random kills (`kills`): a 2-rank run saving every step (24 steps) on one run
@@ -36,7 +35,7 @@ f. Random kills (`kills`): a 2-rank run saving every step (24 steps) on one run
 Plus the launcher's usage errors (exit 2).
 
 Skips (exit 0) when the example was not built (no c10d Gloo headers or symbols, or no
-holdpoint_dist). Run by ctest with Debian's /usr/bin/python3."""
+holdpoint_dist). Run by ctest with the oracle Python (torch 2.13)."""
 
 import hashlib
 import json
@@ -622,10 +621,11 @@ def check_world_size_change(report, tmp):
 
 
 def check_torch_interop(report, tmp):
-    import torch  # Debian's python3-torch 1.13: the oracle, never holdpoint
+    import torch  # the oracle's (torch 2.13), never holdpoint
 
     out = os.path.join(tmp, "interop")
-    r = train("--world", 2, "--steps", 4, "--save-every", 4, "--output", out, "--torch-1-13-compatible")
+    # The default encoding (Python floats as BINFLOAT), which torch 2.x reads.
+    r = train("--world", 2, "--steps", 4, "--save-every", 4, "--output", out)
     if not report.check(r.returncode == 0, f"interop run: {r.describe()}"):
         return
     summary = load_summary(report, out, "interop")
@@ -656,7 +656,7 @@ def check_torch_interop(report, tmp):
     for tensor in model.values():
         digest.update(tensor.contiguous().numpy().tobytes())
     report.check(summary is not None and digest.hexdigest() == summary.get("model_sha256"),
-                 "the model reassembled by torch 1.13 hashes to the run's model_sha256")
+                 "the model reassembled by Python's torch hashes to the run's model_sha256")
     for rank, shard in enumerate(shards):
         report.check(shard["sampler"]["rank"] == rank and shard["sampler"]["world_size"] == 2,
                      f"shard {rank} holds rank {rank}'s sampler")

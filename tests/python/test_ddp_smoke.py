@@ -6,7 +6,7 @@ SIGKILLs itself before a collective makes every surviving rank fail fast (exit 3
 a Gloo connection error), well inside the collective timeout.
 
 Skips (exit 0) when the example was not built (no c10d Gloo headers or symbols).
-Run by ctest with Debian's /usr/bin/python3."""
+Run by ctest with the oracle Python (torch 2.13)."""
 
 import hashlib
 import json

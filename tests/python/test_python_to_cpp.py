@@ -1,7 +1,7 @@
-#!/usr/bin/python3
 """Python torch.save -> holdpoint: does the C++ reader see exactly what Python wrote?
 
-1. make_python_fixtures.py writes ~20 files with torch 1.13's own torch.save (zip and
+1. make_python_fixtures.py writes ~20 files with the running torch's own torch.save
+   (torch 2.13, the oracle; test_compat_python_to_cpp.py runs it with torch 1.13) (zip and
    legacy `_use_new_zipfile_serialization=False`, pickle protocol 2 and 4) and, for each,
    the canonical tree of the LIVE object that was saved.
 2. The oracle (oracle.py) must read every fixture to exactly that tree. This proves the

@@ -12,7 +12,7 @@
    out, exits 0 without output or writes a summary that is not JSON (exit 2), an output
    directory that exists, a trainer that does not exist, a cut out of range (exit 2).
 
-Run by ctest with Debian's /usr/bin/python3 (torch 1.13, used only by the stub)."""
+Run by ctest with the oracle Python (torch 2.13), which also runs the stub trainer."""
 
 import json
 import os
@@ -196,7 +196,7 @@ def check_planted_bug(report, tmp, bug):
 
 
 # A trainer honouring the contract without any randomness, and with modes that break it.
-STUB_TRAINER = r'''#!/usr/bin/python3
+STUB_TRAINER = r'''#!PYTHON
 import argparse, hashlib, json, os, sys, time
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, required=True)
@@ -248,7 +248,7 @@ with open(os.path.join(a.output, "summary.json"), "w") as f:
 def check_refusals(report, tmp):
     stub = os.path.join(tmp, "stub_trainer.py")
     with open(stub, "w") as f:
-        f.write(STUB_TRAINER)
+        f.write(STUB_TRAINER.replace("#!PYTHON", "#!" + sys.executable, 1))
     os.chmod(stub, os.stat(stub).st_mode | stat.S_IXUSR)
 
     # No randomness, so omitting the RNG restore changes nothing: the check has not

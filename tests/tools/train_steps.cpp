@@ -2,6 +2,7 @@
 // test (tests/python/test_resume_fresh_process.py).
 //
 //   train_steps --steps N --output DIR [--resume CHECKPOINT [--omit-rng-restore]]
+//               [--torch-1-13-compatible]
 //
 // Trains a 2-8-1 float64 network with dropout on 24 synthetic rows (batch 4,
 // shuffled by an explicit generator, Adam + StepLR, profile
@@ -10,7 +11,8 @@
 // DIR/trace.json: per update the sample ids, the loss and learning rate (as
 // IEEE-754 bit patterns, so comparisons are exact). --omit-rng-restore
 // re-seeds both generators after the resume: the negative control, whose
-// trajectory must diverge.
+// trajectory must diverge. --torch-1-13-compatible saves in the encoding
+// torch 1.13's weights_only loader reads (tests/python/test_training_state_interop.py).
 #include <ATen/ops/linspace.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/stack.h>
@@ -48,10 +50,15 @@ int main(int argc, char** argv) {
   std::filesystem::path output;
   std::filesystem::path resume;
   bool omit_rng_restore = false;
+  bool torch_1_13_compatible = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--omit-rng-restore") {
       omit_rng_restore = true;
+      continue;
+    }
+    if (flag == "--torch-1-13-compatible") {
+      torch_1_13_compatible = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -92,6 +99,7 @@ int main(int argc, char** argv) {
     options.loss_identity = "mse";
     options.max_epochs = 100;
     options.max_steps = steps;
+    options.save_options.torch_1_13_compatible = torch_1_13_compatible;
     options.config.load_bearing("seeds", holdpoint::Value::list({holdpoint::Value::integer(2024),
                                                                  holdpoint::Value::integer(7)}));
     holdpoint::Trainer trainer(

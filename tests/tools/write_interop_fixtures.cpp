@@ -1,13 +1,14 @@
 // write_interop_fixtures OUTDIR
 //
 // Writes the C++ -> Python interop fixtures: checkpoints saved through the public
-// API (save_mapping in torch 1.13 compatibility mode), each with
+// API (save_mapping; with --torch-1-13-compatible in torch 1.13 compatibility
+// mode), each with
 // `<file>.expected.json`, the canonical NODE tree of the Value that was written.
 // tests/python/test_cpp_to_python.py loads every file with Python's
 // `torch.load(f, weights_only=True)` and compares what it gets with that tree.
 //
 // The expected tree describes the Value as the caller built it, not as any reader
-// sees it, with the one transformation the compatibility mode documents: floats
+// sees it, with, in compatibility mode, the one transformation it documents: floats
 // become 0-d float64 tensors and bytes 1-d uint8 tensors. Storage keys in the tree
 // number distinct storages in depth-first first-reference order ("0", "1", ...),
 // which is how the Python side numbers the storages of the loaded object, so the
@@ -16,7 +17,9 @@
 // Exit status: 0 when every file was written, 1 when any failed (each failure is
 // printed), 2 on usage errors.
 
+#include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -49,6 +52,8 @@ using Json = nlohmann::ordered_json;
 
 class CanonicalEncoder {
  public:
+  explicit CanonicalEncoder(bool torch_1_13_compatible) : compatible_(torch_1_13_compatible) {}
+
   Json encode(const Value& v) {
     switch (v.kind()) {
       case holdpoint::ValueKind::none:
@@ -58,15 +63,17 @@ class CanonicalEncoder {
       case holdpoint::ValueKind::integer:
         return Json{{"int", std::to_string(v.as_int())}};
       case holdpoint::ValueKind::floating: {
-        // Compatibility mode: a 0-d float64 tensor of its own.
         double d = v.as_double();
+        if (!compatible_) return Json{{"float", float_bits_hex(d)}};
+        // Compatibility mode: a 0-d float64 tensor of its own.
         return synthetic_tensor("float64", {}, std::string(reinterpret_cast<const char*>(&d), sizeof d));
       }
       case holdpoint::ValueKind::string:
         return Json{{"str", v.as_string()}};
       case holdpoint::ValueKind::bytes: {
-        // Compatibility mode: a 1-d uint8 tensor of its own.
         std::string bytes(v.as_bytes());
+        if (!compatible_) return Json{{"bytes", hex_of(bytes)}};
+        // Compatibility mode: a 1-d uint8 tensor of its own.
         return synthetic_tensor("uint8", {static_cast<std::int64_t>(bytes.size())}, bytes);
       }
       case holdpoint::ValueKind::list:
@@ -124,6 +131,22 @@ class CanonicalEncoder {
     return std::to_string(it->second);
   }
 
+  // The canonical float: the big-endian IEEE-754 bits as 16 lowercase hex digits.
+  static std::string float_bits_hex(double value) {
+    const auto bits = std::bit_cast<std::uint64_t>(value);
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(bits));
+    return text;
+  }
+
+  static std::string hex_of(const std::string& bytes) {
+    constexpr char kDigits[] = "0123456789abcdef";
+    std::string out;
+    for (unsigned char c : bytes) out += {kDigits[c >> 4], kDigits[c & 15]};
+    return out;
+  }
+
+  bool compatible_;
   std::map<const void*, int> keys_;
   int next_key_ = 0;
 };
@@ -345,11 +368,12 @@ std::vector<std::pair<std::string, std::function<Value()>>> fixtures() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: write_interop_fixtures OUTDIR\n";
+  const bool compatible = argc == 3 && std::string_view(argv[1]) == "--torch-1-13-compatible";
+  if (argc != 2 && !compatible) {
+    std::cerr << "usage: write_interop_fixtures [--torch-1-13-compatible] OUTDIR\n";
     return 2;
   }
-  const std::filesystem::path outdir = argv[1];
+  const std::filesystem::path outdir = argv[argc - 1];
   std::error_code ec;
   std::filesystem::create_directories(outdir, ec);
   if (ec) {
@@ -363,11 +387,11 @@ int main(int argc, char** argv) {
     try {
       Value root = build();
       holdpoint::SaveOptions options;
-      options.torch_1_13_compatible = true;
+      options.torch_1_13_compatible = compatible;
       options.durable = false;
       holdpoint::save_mapping(file, root, options);
       std::ofstream expected(file.string() + ".expected.json", std::ios::binary | std::ios::trunc);
-      expected << CanonicalEncoder().encode(root).dump(1) << "\n";
+      expected << CanonicalEncoder(compatible).encode(root).dump(1) << "\n";
       if (!expected) throw std::runtime_error("cannot write " + file.string() + ".expected.json");
       std::cout << file.string() << "\n";
     } catch (const holdpoint::Error& e) {

@@ -2,8 +2,8 @@
 // step, backs the scale off and grows it again after growth_interval clean
 // steps (scales checked against the documented rule, written out as
 // literals); the float32 rounding of the update; misuse; resume through a
-// file; every rejection with its code and no change; and Python 1.13's
-// GradScaler state layout and load_state_dict acceptance.
+// file; every rejection with its code and no change; and torch 2.13's CPU
+// GradScaler: its layout, and states continued step for step in both directions.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
@@ -256,72 +256,113 @@ PythonResult run_python(const fs::path& script_path, const std::string& script, 
   return testing::run_python(testing::oracle_python(), script_path, arguments);
 }
 
-// Without CUDA, Python's GradScaler() disables itself (with a warning): its
-// state_dict is {} and load_state_dict ignores anything. The CUDA check is
-// the only obstacle, and state_dict / load_state_dict touch no device, so the
-// script also lifts it to compare layouts with an enabled scaler.
-TEST(GradScalerInterop, StateMatchesPythonLayoutAndLoadsBothWays) {
+// torch 2.x's GradScaler runs on the CPU (torch.amp.GradScaler("cpu")), so
+// both directions are checked on live scalers: a state saved mid-interval on
+// one side continues on the other with the same scales and growth trackers,
+// step for step, through the same pattern of inf and finite gradients.
+const GradScalerOptions kInteropOptions{.init_scale = 1024.0, .growth_factor = 2.0, .growth_interval = 3};
+const std::vector<bool> kBeforeCut = {false, false, true, false};
+const std::vector<bool> kAfterCut = {false, false, false, true, false, false, false, false};
+
+const char* const kPythonScaler = R"PY(
+import sys, torch
+BEFORE, AFTER = [False, False, True, False], [False, False, False, True, False, False, False, False]
+param = torch.nn.Parameter(torch.ones(2))
+optimizer = torch.optim.SGD([param], lr=0.0)
+
+def drive(scaler, infs):
+    rows = []
+    for inf in infs:
+        optimizer.zero_grad()
+        param.grad = torch.tensor([float('inf') if inf else 1.0, 1.0]) * scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        rows.append([scaler.get_scale(), float(scaler.state_dict()['_growth_tracker'])])
+    return rows
+
+def fresh():
+    return torch.amp.GradScaler('cpu', init_scale=1.0, growth_factor=2.0, growth_interval=3)
+
+folder = sys.argv[1]
+# Python first: its own file at the cut, then its continuation.
+scaler = torch.amp.GradScaler('cpu', init_scale=1024.0, growth_factor=2.0, growth_interval=3)
+drive(scaler, BEFORE)
+torch.save({'scaler': scaler.state_dict()}, folder + '/python_cut.pt')
+python_rows = drive(scaler, AFTER)
+# C++ first: holdpoint's file at the cut, continued by Python.
+cpp = torch.load(folder + '/cpp_cut.pt', weights_only=True)['scaler']
+resumed = fresh()
+resumed.load_state_dict({key: value for key, value in cpp.items() if key != 'skipped_steps'})
+torch.save({'python_rows': python_rows, 'continued_rows': drive(resumed, AFTER),
+            'enabled': resumed.is_enabled()}, folder + '/python.pt')
+)PY";
+
+std::vector<std::vector<double>> drive_rows(GradScaler& scaler, torch::optim::Optimizer& optimizer,
+                                            const at::Tensor& param, const std::vector<bool>& infs) {
+  std::vector<std::vector<double>> rows;
+  for (bool inf : infs) {
+    drive(scaler, optimizer, param, {inf});
+    rows.push_back({scaler.get_scale(), static_cast<double>(scaler.growth_tracker())});
+  }
+  return rows;
+}
+
+std::vector<std::vector<double>> rows_of(const Value& value) {
+  std::vector<std::vector<double>> rows;
+  for (const Value& row : value.as_list()) {
+    rows.emplace_back();
+    for (const Value& item : row.as_list()) rows.back().push_back(item.as_number());
+  }
+  return rows;
+}
+
+TEST(GradScalerInterop, StatesContinueStepForStepInBothDirections) {
   at::Tensor param = at::ones({2}).set_requires_grad(true);
   torch::optim::SGD optimizer({param}, torch::optim::SGDOptions(0.0));
-  GradScaler scaler;
-  drive(scaler, optimizer, param, {false, false, false, true, false, false});
-  ASSERT_EQ(scaler.get_scale(), 32768.0);
-
+  GradScaler cpp(kInteropOptions);
+  drive(cpp, optimizer, param, kBeforeCut);
+  ASSERT_EQ(cpp.get_scale(), 2048.0);  // grew at step 2, backed off at step 3
   TempDir directory;
-  SaveOptions save;
-  save.durable = false;
-  save.torch_1_13_compatible = true;
   Dict root;
-  root.insert("scaler", scaler.capture(CaptureMode::reference));
-  save_mapping(directory / "cpp.pt", Value::dict(std::move(root)), save);
+  root.insert("scaler", cpp.capture(CaptureMode::reference));
+  save_mapping(directory / "cpp_cut.pt", Value::dict(std::move(root)), {.durable = false});
+  const auto cpp_rows = drive_rows(cpp, optimizer, param, kAfterCut);
 
-  const std::string script = R"PY(
-import sys, warnings, torch
-import torch.cuda.amp.grad_scaler as grad_scaler_module
-from torch.cuda.amp import GradScaler
-
-def plain(value):
-    return value.item() if isinstance(value, torch.Tensor) else value
-
-ours = {key: plain(value) for key, value in torch.load(sys.argv[2], weights_only=True)['scaler'].items()}
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter('always')
-    disabled = GradScaler()
-disabled.load_state_dict(ours)
-grad_scaler_module.amp_definitely_not_available = lambda: False
-enabled = GradScaler()
-default_state = enabled.state_dict()
-enabled.load_state_dict(ours)
-torch.save({'cuda': torch.cuda.is_available(), 'disabled_is_enabled': disabled.is_enabled(),
-            'disabled_state': disabled.state_dict(), 'warned': len(caught),
-            'default_state': default_state, 'loaded_state': enabled.state_dict()}, sys.argv[1] + '/python.pt')
-)PY";
-  const PythonResult python = run_python(
-      directory / "scaler.py", script, "'" + directory.path().string() + "' '" + (directory / "cpp.pt").string() + "'");
+  const PythonResult python =
+      run_python(directory / "scaler.py", kPythonScaler, "'" + directory.path().string() + "'");
   ASSERT_EQ(python.status, 0) << python.output;
-  const Value python_result = load_checkpoint_mapping(directory / "python.pt").root;
-  const Dict& result = python_result.as_dict();
-  if (!result.at("cuda").as_bool()) {
-    EXPECT_FALSE(result.at("disabled_is_enabled").as_bool());
-    EXPECT_TRUE(result.at("disabled_state").as_dict().empty());
-    EXPECT_GE(result.at("warned").as_int(), 1);
-  }
+  const Value result = load_checkpoint_mapping(directory / "python.pt").root;
+  EXPECT_TRUE(result.as_dict().at("enabled").as_bool());
+  // C++ -> Python: Python's load_state_dict continues holdpoint's state.
+  EXPECT_EQ(rows_of(result.as_dict().at("continued_rows")), cpp_rows);
+
+  // Python -> C++: Python's own file, through the untrusted reader, into a
+  // scaler constructed with another initial scale.
+  const Value python_state = load_checkpoint_mapping(directory / "python_cut.pt").root.as_dict().at("scaler");
+  GradScaler from_python({.init_scale = 1.0, .growth_factor = 2.0, .growth_interval = 3});
+  ASSERT_NO_THROW(from_python.validate(python_state));
+  from_python.apply(python_state);
+  EXPECT_EQ(from_python.skipped_steps(), 0);  // holdpoint's own count: Python has none
+  const auto python_rows = rows_of(result.as_dict().at("python_rows"));
+  EXPECT_EQ(drive_rows(from_python, optimizer, param, kAfterCut), python_rows);
+  EXPECT_EQ(python_rows, cpp_rows);  // the same rule on both sides
+}
+
+// Python's key names, order and kinds for a fresh and a driven scaler.
+TEST(GradScalerInterop, StateMatchesPythonLayout) {
+  TempDir directory;
+  const std::string script = R"PY(
+import sys, torch
+scaler = torch.amp.GradScaler('cpu')
+torch.save({'default_state': scaler.state_dict()}, sys.argv[1] + '/python.pt')
+)PY";
+  const PythonResult python = run_python(directory / "layout.py", script, "'" + directory.path().string() + "'");
+  ASSERT_EQ(python.status, 0) << python.output;
+  const Value result = load_checkpoint_mapping(directory / "python.pt").root;
   // Python's five keys, in Python's order, kinds and values; skipped_steps is holdpoint's own.
-  EXPECT_EQ(describe_difference(result.at("default_state"),
+  EXPECT_EQ(describe_difference(result.as_dict().at("default_state"),
                                 without_entry(GradScaler().capture(CaptureMode::copy), "skipped_steps")),
             "");
-  EXPECT_EQ(
-      describe_difference(result.at("loaded_state"), without_entry(scaler.capture(CaptureMode::copy), "skipped_steps")),
-      "");
-
-  // And Python's state (no skipped_steps) into C++: the count restarts at 0.
-  GradScaler from_python;
-  drive(from_python, optimizer, param, {true});
-  from_python.validate(result.at("loaded_state"));
-  from_python.apply(result.at("loaded_state"));
-  EXPECT_EQ(from_python.get_scale(), 32768.0);
-  EXPECT_EQ(from_python.growth_tracker(), 2);
-  EXPECT_EQ(from_python.skipped_steps(), 0);
 }
 
 }  // namespace

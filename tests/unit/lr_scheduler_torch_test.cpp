@@ -1,10 +1,12 @@
-// Learning-rate schedulers against PyTorch 1.13 itself: every case below runs
-// in the oracle Python (torch 2.13) and in C++, and the learning
-// rates (and OneCycleLR's momentum) of 60 steps must be bitwise equal, as
-// must the final state_dict (after the two documented layout changes). Then
-// resume at several cuts through save_mapping / load_checkpoint_mapping, a
-// StepLR state read by Python's StepLR.load_state_dict, and every rejection
-// with its exact code and no change to the live objects.
+// Learning-rate schedulers against PyTorch itself: every case below runs in
+// the oracle Python (torch 2.13) and in C++, and the learning rates (and
+// OneCycleLR's momentum) of 60 steps must be bitwise equal, as must the final
+// state_dict (after the one documented layout change). In both directions a
+// state saved after step 23 continues bit for bit on the other side: Python's
+// torch.save file read here through the untrusted reader, and holdpoint's file
+// read by Python's load_state_dict. Then resume at several cuts through
+// save_mapping / load_checkpoint_mapping, and every rejection with its exact
+// code and no change to the live objects.
 #include <ATen/ops/zeros.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -30,6 +32,7 @@ using holdpoint::testing::TempDir;
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 60;
+constexpr int kInteropCut = 23;  // the cross-language tests hand over after this many steps
 
 // ---- optimizers and schedulers on both sides ------------------------------------
 
@@ -288,17 +291,9 @@ def make_opt(kind, lrs, momentum):
 def momenta(opt):
     return [g['betas'][0] if 'betas' in g else g['momentum'] for g in opt.param_groups]
 
-# holdpoint's two documented layout changes: Counter -> dict, anneal_func -> anneal_strategy.
+# holdpoint's one documented layout change: MultiStepLR's Counter -> dict.
 def holdpoint_layout(state):
-    out = {}
-    for key, value in state.items():
-        if key == 'anneal_func':
-            out['anneal_strategy'] = 'cos' if value.__func__ is L.OneCycleLR._annealing_cos else 'linear'
-        elif key == 'milestones':
-            out[key] = dict(value)
-        else:
-            out[key] = value
-    return out
+    return {key: dict(value) if key == 'milestones' else value for key, value in state.items()}
 )PY";
 
 class SchedulerMatchesPython : public ::testing::TestWithParam<Case> {
@@ -308,7 +303,8 @@ class SchedulerMatchesPython : public ::testing::TestWithParam<Case> {
     std::string script = kPythonPrelude;
     std::vector<double> metrics;
     for (int i = 0; i < kSteps; ++i) metrics.push_back(plateau_metric(i));
-    script += "METRICS = " + py_list(metrics) + "\nSTEPS = " + std::to_string(kSteps) + "\n";
+    script += "METRICS = " + py_list(metrics) + "\nSTEPS = " + std::to_string(kSteps) +
+              "\nCUT = " + std::to_string(kInteropCut) + "\n";
     script += R"PY(
 def run(name, kind, lrs, momentum, make, metric_sign):
     opt = make_opt(kind, lrs, momentum)
@@ -323,6 +319,8 @@ def run(name, kind, lrs, momentum, make, metric_sign):
             scheduler.step()
         lr_rows.append([g['lr'] for g in opt.param_groups])
         momentum_rows.append(momenta(opt))
+        if i + 1 == CUT:  # the state as Python saves it, untouched
+            torch.save({'scheduler': scheduler.state_dict()}, OUT + '/' + name + '.cut.pt')
     torch.save({'lrs': lr_rows, 'momenta': momentum_rows, 'state': holdpoint_layout(scheduler.state_dict())},
                OUT + '/' + name + '.pt')
 )PY";
@@ -362,6 +360,28 @@ TEST_P(SchedulerMatchesPython, LearningRatesMomentaAndStateAreBitIdentical) {
   EXPECT_EQ(describe_difference(python.as_dict().at("state"), run.scheduler->capture(CaptureMode::copy)), "");
   // What Python writes is also what validate accepts.
   EXPECT_NO_THROW(run.scheduler->validate(python.as_dict().at("state")));
+}
+
+// Python's own file, saved after kInteropCut steps (a Counter, torch 2.13's
+// keys and encoding), read through the untrusted reader into a fresh C++
+// scheduler: the remaining learning rates and momenta equal Python's.
+TEST_P(SchedulerMatchesPython, PythonStateContinuesBitIdenticallyInCpp) {
+  ASSERT_EQ(python_->status, 0) << python_->output;
+  const Case& c = GetParam();
+  const Value python = reference(c.name);
+  const Value state =
+      load_checkpoint_mapping(directory_->path() / (c.name + ".cut.pt")).root.as_dict().at("scheduler");
+  LiveSchedule resumed = start(c);
+  ASSERT_NO_THROW(resumed.scheduler->validate(state));
+  resumed.scheduler->apply(state);
+  Trace trace;
+  record(trace, resumed);
+  for (int i = kInteropCut; i < kSteps; ++i) {
+    step(resumed, c, i);
+    record(trace, resumed);
+  }
+  EXPECT_EQ(bitwise_difference(rows_of(python.as_dict().at("lrs")), trace.lrs, kInteropCut), "") << "learning rates";
+  EXPECT_EQ(bitwise_difference(rows_of(python.as_dict().at("momenta")), trace.momenta, kInteropCut), "") << "momenta";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchedulers, SchedulerMatchesPython, ::testing::ValuesIn(all_cases()),
@@ -465,6 +485,79 @@ torch.save({'lrs': rows, 'state': scheduler.state_dict()}, OUT + '/python.pt')
   const Value result = load_checkpoint_mapping(directory / "python.pt").root;
   EXPECT_EQ(bitwise_difference(rows_of(result.as_dict().at("lrs")), cpp.lrs), "");
   EXPECT_EQ(describe_difference(result.as_dict().at("state"), run.scheduler->capture(CaptureMode::copy)), "");
+}
+
+// Every scheduler's state as holdpoint writes it (default encoding), saved
+// after kInteropCut steps with the optimizer's momenta, loaded by torch 2.13's
+// load_state_dict into the same Python scheduler: Python's remaining learning
+// rates and momenta equal C++'s uninterrupted run.
+TEST(LRSchedulerInterop, EveryCppStateLoadsIntoPythonAndContinuesIdentically) {
+  TempDir directory;
+  std::string script = std::string(kPythonPrelude) + "METRICS = [";
+  for (int i = 0; i < kSteps; ++i) script += (i ? ", " : "") + py_float(plateau_metric(i));
+  script += "]\nSTEPS = " + std::to_string(kSteps) + "\nCUT = " + std::to_string(kInteropCut) + R"PY(
+def set_momenta(opt, values):
+    for group, value in zip(opt.param_groups, values):
+        if 'betas' in group:
+            group['betas'] = (value, group['betas'][1])
+        else:
+            group['momentum'] = value
+
+def resume(name, kind, lrs, momentum, make, metric_sign):
+    saved = torch.load(OUT + '/' + name + '.cpp.pt', weights_only=True)
+    opt = make_opt(kind, lrs, momentum)
+    scheduler = make(opt)
+    scheduler.load_state_dict(saved['scheduler'])
+    # What optimizer.load_state_dict restores in a full resume.
+    for group, lr in zip(opt.param_groups, saved['lrs']):
+        group['lr'] = lr
+    set_momenta(opt, saved['momenta'])
+    lr_rows, momentum_rows = [], []
+    for i in range(CUT, STEPS):
+        opt.step()
+        if metric_sign:
+            scheduler.step(metric_sign * METRICS[i])
+        else:
+            scheduler.step()
+        lr_rows.append([g['lr'] for g in opt.param_groups])
+        momentum_rows.append(momenta(opt))
+    torch.save({'lrs': lr_rows, 'momenta': momentum_rows}, OUT + '/' + name + '.continued.pt')
+)PY";
+  const auto numbers = [](const std::vector<double>& values) {
+    Value::List items;
+    for (double value : values) items.push_back(Value::floating(value));
+    return Value::list(std::move(items));
+  };
+  std::vector<Trace> expected;
+  for (const Case& c : all_cases()) {
+    LiveSchedule run = start(c);
+    for (int i = 0; i < kInteropCut; ++i) step(run, c, i);
+    Dict root;
+    root.insert("scheduler", run.scheduler->capture(CaptureMode::reference));
+    root.insert("lrs", numbers(lrs_of(*run.optimizer)));
+    root.insert("momenta", numbers(momenta_of(*run.optimizer)));
+    save_mapping(directory / (c.name + ".cpp.pt"), Value::dict(std::move(root)), {.durable = false});
+    Trace rest;
+    for (int i = kInteropCut; i < kSteps; ++i) {
+      step(run, c, i);
+      record(rest, run);
+    }
+    expected.push_back(std::move(rest));
+    script += "resume('" + c.name + "', '" + (c.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adam") + "', " +
+              py_list(c.optimizer.lrs) + ", " + py_float(c.optimizer.momentum) + ", lambda opt: " + c.python + ", " +
+              py_float(c.metric_sign) + ")\n";
+  }
+  const PythonResult python = run_python(directory / "resume.py", script, "'" + directory.path().string() + "'");
+  ASSERT_EQ(python.status, 0) << python.output;
+  std::size_t index = 0;
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    const Value continued = load_checkpoint_mapping(directory / (c.name + ".continued.pt")).root;
+    EXPECT_EQ(bitwise_difference(rows_of(continued.as_dict().at("lrs")), expected[index].lrs), "") << "learning rates";
+    EXPECT_EQ(bitwise_difference(rows_of(continued.as_dict().at("momenta")), expected[index].momenta), "")
+        << "momenta";
+    ++index;
+  }
 }
 
 // ---- rejections ------------------------------------------------------------------

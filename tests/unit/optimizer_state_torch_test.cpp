@@ -5,9 +5,12 @@
 //   uninterrupted run, for every supported optimizer and variant.
 // - Poison tests: every rejected state has its own code, and neither validate
 //   nor apply changes the live optimizer or parameters when it rejects.
-// - Python as the oracle: key names, order and kinds match torch 1.13's own
-//   state_dict, and a state written here loads into torch.optim.*.load_state_dict
-//   and takes the same next step, bit for bit.
+// - Python (torch 2.13) as the oracle: key names, order and kinds match its
+//   own state_dict; a state written here (in the default and the
+//   torch-1.13-compatible mode) loads into torch.optim.*.load_state_dict and
+//   takes the same next step, bit for bit; and a state Python wrote with
+//   torch.save loads here through the untrusted reader and takes the same
+//   next step, bit for bit.
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -249,10 +252,10 @@ TEST(OptimizerStateLayout, StepsAbove2To24AreWrittenAsFloat64AndRestoredExactly)
 
   torch::optim::Adam target(one_group(model.params), torch::optim::AdamOptions(0.01));
   OptimizerState("optimizer", target).apply(captured);
-  for (const at::Tensor& param : target.parameters()) {
-    const auto found = target.state().find(c10::guts::to_string(param.unsafeGetTensorImpl()));
-    if (found == target.state().end()) continue;
-    EXPECT_EQ(static_cast<const torch::optim::AdamParamState&>(*found->second).step(), big_step);
+  // The key type of LibTorch's state map changed in 2.2; every entry must carry the step.
+  EXPECT_EQ(target.state().size(), source.state().size());
+  for (const auto& [key, param_state] : target.state()) {
+    EXPECT_EQ(static_cast<const torch::optim::AdamParamState&>(*param_state).step(), big_step);
   }
 }
 
@@ -659,7 +662,7 @@ std::string layout_line(const std::string& name, const Value& state) {
   return name + "|" + join(state.as_dict().at("param_groups").as_list()[0]) + "|" + join(entry) + "|" + step + "\n";
 }
 
-TEST(OptimizerStatePython, KeyNamesOrderAndKindsMatchTorch113) {
+TEST(OptimizerStatePython, KeyNamesOrderAndKindsMatchTorch) {
   TempDir dir;
   const auto output = run_python(dir, R"(
 import torch
@@ -819,8 +822,12 @@ TEST(OptimizerStatePython, TorchOptimizersLoadTheStateAndTakeTheSameStepBitForBi
     root.insert("model", Value::dict(std::move(model)));
     root.insert("optimizer", component.capture(CaptureMode::copy));
     root.insert("grads", Value::dict(std::move(grads)));
-    save_mapping(dir / (c.name + ".pt"), Value::dict(std::move(root)), {.torch_1_13_compatible = true, .durable = false});
-    manifest += c.name + "\t" + c.python_constructor + "\n";
+    const Value file = Value::dict(std::move(root));
+    for (const bool compatible : {false, true}) {
+      const std::string file_name = c.name + (compatible ? "-compat" : "");
+      save_mapping(dir / (file_name + ".pt"), file, {.torch_1_13_compatible = compatible, .durable = false});
+      manifest += file_name + "\t" + c.python_constructor + "\n";
+    }
 
     optimizer->step();
     Dict after;
@@ -835,9 +842,110 @@ TEST(OptimizerStatePython, TorchOptimizersLoadTheStateAndTakeTheSameStepBitForBi
   ASSERT_TRUE(output);
   ASSERT_EQ(*output, "ok\n");
   for (std::size_t i = 0; i < cases.size(); ++i) {
-    SCOPED_TRACE(cases[i].name);
-    const LoadedMapping python = load_checkpoint_mapping(dir / (cases[i].name + ".python.pt"));
-    EXPECT_TRUE(same_content(expected[i], python.root));
+    for (const char* suffix : {"", "-compat"}) {
+      SCOPED_TRACE(cases[i].name + suffix);
+      const LoadedMapping python = load_checkpoint_mapping(dir / (cases[i].name + suffix + ".python.pt"));
+      EXPECT_TRUE(same_content(expected[i], python.root));
+    }
+  }
+}
+
+// The reverse direction: torch 2.13 trains three steps, saves model, optimizer
+// state and the next gradients with plain torch.save (its own layout and
+// encoding), then takes the fourth step itself. C++ loads the file through the
+// untrusted reader into a fresh optimizer built with other hyperparameters
+// (the file's must win), takes the fourth step, and must land on Python's
+// parameters and state bit for bit.
+constexpr const char* kPythonTrainsFirst = R"(
+import sys, torch
+folder = sys.argv[1]
+x = (torch.arange(4 * 3, dtype=torch.float32) * 0.23 + 0.5).cos().reshape(4, 3)
+y = (torch.arange(4 * 2, dtype=torch.float32) * 0.31).sin().reshape(4, 2)
+def deterministic(shape, phase):
+    n = 1
+    for d in shape: n *= d
+    return ((torch.arange(n, dtype=torch.float32) * 0.37 + phase).sin() * 0.5).reshape(shape)
+for line in open(folder + '/manifest.txt'):
+    name, constructor = line.rstrip('\n').split('\t')
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.copy_(deterministic((2, 3), 0.0))
+        model.bias.copy_(deterministic((2,), 1.0))
+    optimizer = eval(constructor)
+    def grads(step):
+        optimizer.zero_grad()
+        ((x + step) @ model.weight.t() + model.bias - y).pow(2).mean().backward()
+    for step in range(3):
+        grads(step)
+        optimizer.step()
+    grads(3)
+    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
+                'grads': {'weight': model.weight.grad, 'bias': model.bias.grad}},
+               '%s/%s.python.pt' % (folder, name))
+    optimizer.step()
+    torch.save({'weight': model.weight.detach(), 'bias': model.bias.detach(),
+                'state': optimizer.state_dict()['state']}, '%s/%s.after.pt' % (folder, name))
+print('ok')
+)";
+
+TEST(OptimizerStatePython, TorchWrittenStateLoadsThroughTheUntrustedReaderAndTakesTheSameStep) {
+  using namespace torch::optim;
+  const std::string single = "model.parameters()";
+  const std::string two_groups = "[{'params': [model.weight], 'lr': 0.02}, {'params': [model.bias]}]";
+  const std::vector<CrossLanguageCase> cases = {
+      {"SgdMomentumNesterov",
+       [](const auto& p, double) { return std::make_unique<SGD>(one_group(p), SGDOptions(0.9)); },
+       "torch.optim.SGD(" + single + ", lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)"},
+      {"SgdPlain", [](const auto& p, double) { return std::make_unique<SGD>(one_group(p), SGDOptions(0.9)); },
+       "torch.optim.SGD(" + single + ", lr=0.1)"},
+      {"Adam", [](const auto& p, double) { return std::make_unique<Adam>(one_group(p), AdamOptions(0.9)); },
+       "torch.optim.Adam(" + single + ", lr=0.01, betas=(0.8, 0.99), weight_decay=0.01)"},
+      {"AdamAmsgradTwoGroups",
+       [](const auto& p, double) {
+         std::vector<OptimizerParamGroup> groups;
+         groups.emplace_back(std::vector<at::Tensor>{p[0]}, std::make_unique<AdamOptions>(AdamOptions(0.5).amsgrad(true)));
+         groups.emplace_back(std::vector<at::Tensor>{p[1]}, std::make_unique<AdamOptions>(AdamOptions(0.5).amsgrad(true)));
+         return std::make_unique<Adam>(std::move(groups));
+       },
+       "torch.optim.Adam(" + two_groups + ", lr=0.005, amsgrad=True)"},
+      {"AdamW", [](const auto& p, double) { return std::make_unique<AdamW>(one_group(p), AdamWOptions(0.9)); },
+       "torch.optim.AdamW(" + single + ", lr=0.01, weight_decay=0.05)"},
+      {"RmspropCenteredMomentum",
+       [](const auto& p, double) {
+         return std::make_unique<RMSprop>(one_group(p), RMSpropOptions(0.9).momentum(0.5).centered(true));
+       },
+       "torch.optim.RMSprop(" + single + ", lr=0.01, momentum=0.5, centered=True)"},
+      {"Adagrad", [](const auto& p, double) { return std::make_unique<Adagrad>(one_group(p), AdagradOptions(0.9)); },
+       "torch.optim.Adagrad(" + single + ", lr=0.1, lr_decay=0.01)"},
+  };
+  TempDir dir;
+  std::string manifest;
+  for (const CrossLanguageCase& c : cases) manifest += c.name + "\t" + c.python_constructor + "\n";
+  testing::write_file_bytes(dir / "manifest.txt", testing::bytes_of(manifest));
+  const auto output = run_python(dir, kPythonTrainsFirst, dir.path().string());
+  ASSERT_TRUE(output);
+  ASSERT_EQ(*output, "ok\n");
+
+  for (const CrossLanguageCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const LoadedMapping file = load_checkpoint_mapping(dir / (c.name + ".python.pt"));
+    const Dict& root = file.root.as_dict();
+    const std::vector<at::Tensor> params = {
+        to_at_tensor(root.at("model").as_dict().at("weight").as_tensor()).clone().requires_grad_(true),
+        to_at_tensor(root.at("model").as_dict().at("bias").as_tensor()).clone().requires_grad_(true)};
+    const auto optimizer = c.make(params, 1.0);
+    OptimizerState component("optimizer", *optimizer);
+    ASSERT_NO_THROW(component.apply(root.at("optimizer")));
+    params[0].mutable_grad() = to_at_tensor(root.at("grads").as_dict().at("weight").as_tensor()).clone();
+    params[1].mutable_grad() = to_at_tensor(root.at("grads").as_dict().at("bias").as_tensor()).clone();
+    optimizer->step();
+
+    const LoadedMapping python = load_checkpoint_mapping(dir / (c.name + ".after.pt"));
+    const Dict& after = python.root.as_dict();
+    EXPECT_TRUE(same_content(after.at("weight"), state::capture_tensor(params[0], CaptureMode::copy))) << "weight";
+    EXPECT_TRUE(same_content(after.at("bias"), state::capture_tensor(params[1], CaptureMode::copy))) << "bias";
+    EXPECT_TRUE(same_content(after.at("state"), component.capture(CaptureMode::copy).as_dict().at("state")))
+        << "optimizer state";
   }
 }
 

@@ -157,6 +157,7 @@ TEST(PickleWriter, RoundTripsEveryDtype) {
   for (std::size_t i = 0; i < kDTypeCount; ++i) {
     const auto dtype = static_cast<DType>(i);
     SCOPED_TRACE(std::string(dtype_name(dtype)));
+    if (!dtype_in_torch(dtype)) continue;  // RefusesDtypesTorchLacks
     std::vector<std::byte> bytes(3 * dtype_itemsize(dtype));
     for (std::size_t b = 0; b < bytes.size(); ++b) bytes[b] = std::byte(b * 37 + 1);
     if (dtype == DType::boolean) {
@@ -170,6 +171,27 @@ TEST(PickleWriter, RoundTripsEveryDtype) {
     // Dtypes with a legacy storage class take _rebuild_tensor_v2, the others v3.
     const std::string text(reinterpret_cast<const char*>(written.pickle.data()), written.pickle.size());
     EXPECT_EQ(text.find("_rebuild_tensor_v3") != std::string::npos, !dtype_storage_class(dtype).has_value());
+  }
+}
+
+TEST(PickleWriter, UntypedStorageWasNamedAsPythonsWeightsOnlyLoaderRefuses) {
+  // Regression: torch 2.13's weights_only loader allowlists UntypedStorage as
+  // torch.storage.UntypedStorage only, so every v3 tensor holdpoint wrote as
+  // torch.UntypedStorage made the whole file unloadable in Python.
+  const std::vector<std::byte> bytes(2);
+  const PickleWriteResult written = write_pickle(Value::tensor(TensorData::from_bytes(DType::bits16, {1}, bytes)));
+  const std::string text(reinterpret_cast<const char*>(written.pickle.data()), written.pickle.size());
+  EXPECT_NE(text.find("ctorch.storage\nUntypedStorage\n"), std::string::npos);
+  EXPECT_EQ(text.find("ctorch\nUntypedStorage\n"), std::string::npos);
+}
+
+TEST(PickleWriter, RefusesDtypesTorchLacks) {
+  // The safetensors-only sub-byte dtypes have no torch.<name> to write.
+  for (DType dtype : {DType::float4_e2m1fn, DType::float6_e2m3fn, DType::float6_e3m2fn}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    const std::vector<std::byte> bytes(dtype_bits(dtype));  // 8 elements
+    const Value tensor = Value::tensor(TensorData::from_bytes(dtype, {8}, bytes));
+    EXPECT_ERROR_CODE(write_pickle(tensor), ErrorCode::write_value_unsupported);
   }
 }
 
@@ -346,7 +368,7 @@ TEST(PickleWriter, CompatibilityModeRefusesDtypesTorch113Lacks) {
   PickleWriteOptions compat;
   compat.torch_1_13_compatible = true;
   for (DType dtype : {DType::complex32, DType::uint16, DType::uint32, DType::uint64, DType::float8_e4m3fn,
-                      DType::float8_e5m2}) {
+                      DType::float8_e5m2, DType::float8_e8m0fnu, DType::float4_e2m1fn_x2, DType::bits8, DType::bits16}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
     const std::vector<std::byte> bytes(dtype_itemsize(dtype));
     const Value tensor = Value::tensor(TensorData::from_bytes(dtype, {1}, bytes));
