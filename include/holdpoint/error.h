@@ -154,13 +154,14 @@ namespace holdpoint {
   X(safetensors_tensor_info_invalid, "a tensor's byte length differs from its shape x element size") \
   X(safetensors_incomplete_buffer, "the data buffer does not end exactly at the end of the file") \
   X(safetensors_metadata_invalid, "__metadata__ is not an object of string values")           \
-  X(safetensors_dtype_unsupported, "a valid safetensors dtype (F4, F6_*, F8_E8M0) that holdpoint has no DType for") \
   X(safetensors_tensor_name_invalid, "a tensor name is empty or longer than Limits::max_string_bytes") \
   /* writers and conversion */                                                                \
   X(write_value_unsupported, "the value cannot be written in the chosen format or mode")      \
   X(write_storage_dtype_conflict, "one storage is referenced with two dtypes")                \
   X(write_state_invalid, "the writer was used after finish() or abandon()")                   \
   X(convert_not_flat, "conversion needs a flat mapping of names to tensors")                  \
+  X(convert_dtype_unsupported, "a tensor's dtype has no counterpart in the destination format (F6_* in .pt; complex32, complex128, bits* in safetensors)") \
+  X(convert_float4_shape_invalid, "F4 <-> float4_e2m1fn_x2 needs rank >= 1 and, towards .pt, an even last dimension (two elements per byte)") \
   X(dtype_unsupported, "a dtype or tensor kind has no counterpart on the other side (LibTorch build, file format)") \
   /* training-state components (state layer) */                                               \
   X(state_key_missing, "a component's state lacks a key it requires")                         \

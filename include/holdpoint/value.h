@@ -70,15 +70,23 @@ struct TensorData {
   bool is_parameter = false;  // rebuilt through torch._utils._rebuild_parameter
 
   // A contiguous tensor that owns a copy of `bytes` (which must hold
-  // numel x itemsize bytes in C order).
+  // numel x dtype_bits / 8 bytes in C order).
   static TensorData from_bytes(DType dtype, std::vector<std::int64_t> sizes,
                                std::span<const std::byte> bytes);
 
   std::int64_t numel() const noexcept;
+  // 0 for a sub-byte dtype (see dtype.h); logical_bytes covers every dtype.
   std::size_t itemsize() const noexcept { return dtype_itemsize(dtype); }
-  std::size_t logical_bytes() const noexcept { return static_cast<std::size_t>(numel()) * itemsize(); }
+  // numel x bits / 8, rounded up for a sub-byte tensor whose bits end inside
+  // a byte (which no reader produces and every writer refuses).
+  std::size_t logical_bytes() const noexcept {
+    return (static_cast<std::size_t>(numel()) * dtype_bits(dtype) + 7) / 8;
+  }
   bool is_contiguous() const noexcept;
-  // Elements in C order, copied out of the (possibly strided) view.
+  // Elements in C order, copied out of the (possibly strided) view. A
+  // sub-byte tensor must be contiguous and start on a byte boundary
+  // (tensor_geometry_invalid otherwise): its elements cannot be gathered
+  // byte by byte.
   std::vector<std::byte> contiguous_bytes() const;
   void copy_contiguous_bytes(std::byte* out) const;
 };

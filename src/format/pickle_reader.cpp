@@ -849,7 +849,7 @@ GlobalRef Machine::resolve_global(std::string_view module, std::string_view name
   }
   if (module == "torch") {
     if (const auto dtype = dtype_from_storage_class(name)) return {GlobalKind::storage_type, *dtype};
-    if (const auto dtype = dtype_from_name(name)) return {GlobalKind::dtype, *dtype};
+    if (const auto dtype = dtype_from_name(name); dtype && dtype_in_torch(*dtype)) return {GlobalKind::dtype, *dtype};
   }
   if (!is_identifier_path(module) || !is_identifier_path(name)) {
     error(ErrorCode::pickle_global_malformed, "'", printable(module), "' '", printable(name),

@@ -327,7 +327,7 @@ class Emitter {
     }
   }
 
-  // ('storage', torch.<X>Storage | torch.UntypedStorage, key, 'cpu', numel)
+  // ('storage', torch.<X>Storage | torch.storage.UntypedStorage, key, 'cpu', numel)
   void emit_persistent_id(const TensorData& tensor, std::optional<std::string_view> storage_class) {
     const Storage& storage = *tensor.storage;
     const std::size_t itemsize = storage_class ? tensor.itemsize() : 1;
@@ -356,7 +356,13 @@ class Emitter {
     }
     put(op::MARK);
     emit_str("storage");
-    emit_global("torch", storage_class ? *storage_class : "UntypedStorage");
+    // torch.UntypedStorage is the same class, but Python's weights_only loader
+    // (2.13) allowlists it only under its defining module, as torch.save names it.
+    if (storage_class) {
+      emit_global("torch", *storage_class);
+    } else {
+      emit_global("torch.storage", "UntypedStorage");
+    }
     emit_str(key);
     emit_str("cpu");
     emit_int(static_cast<std::int64_t>(storage.nbytes() / itemsize));
@@ -386,6 +392,11 @@ class Emitter {
         emit_memo_get(found->second);
         return;
       }
+    }
+    // Before any itemsize arithmetic: the sub-byte dtypes have no itemsize.
+    if (!dtype_in_torch(tensor.dtype)) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: torch has no ", dtype_name(tensor.dtype),
+           " dtype, so a .pt file cannot hold this tensor");
     }
     check_geometry(tensor);
     if (tensor.sizes.size() > options_.limits.max_tensor_rank) {

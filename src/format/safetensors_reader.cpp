@@ -3,13 +3,12 @@
 //
 // Order of checks, so that each file gets the most fundamental complaint:
 //   1. the 8-byte length and the header extent (before anything is allocated);
-//   2. the header as JSON: '{' first, UTF-8, grammar, depth, duplicate keys;
+//   2. the header as JSON: UTF-8, grammar, depth, duplicate keys;
 //   3. the schema, in document order (the first schema problem is reported only
 //      once the whole header is known to be JSON);
 //   4. the extents, in data_offsets order, as the reference validates them;
-//   5. what holdpoint itself cannot represent (sub-byte dtypes, Limits).
+//   5. holdpoint's own Limits.
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -31,32 +30,11 @@ using detail::checked_mul;
 using detail::concat;
 using detail::fail;
 
-// Every dtype name of the safetensors specification with its size in bits.
-// Sub-byte types exist only there (holdpoint has no DType for them), but the
-// reader must know their sizes to report what the reference reports.
-struct SpecDType {
-  std::string_view name;
-  std::uint32_t bits;
-};
-constexpr std::array<SpecDType, 22> kSpecDTypes = {{
-    {"BOOL", 8},     {"F4", 4},           {"F6_E2M3", 6},      {"F6_E3M2", 6},  {"U8", 8},   {"I8", 8},
-    {"F8_E5M2", 8},  {"F8_E4M3", 8},      {"F8_E8M0", 8},      {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8},
-    {"I16", 16},     {"U16", 16},         {"F16", 16},         {"BF16", 16},    {"I32", 32}, {"U32", 32},
-    {"F32", 32},     {"C64", 64},         {"F64", 64},         {"I64", 64},     {"U64", 64},
-}};
-
-std::optional<std::size_t> spec_dtype_index(std::string_view name) noexcept {
-  for (std::size_t i = 0; i < kSpecDTypes.size(); ++i) {
-    if (kSpecDTypes[i].name == name) return i;
-  }
-  return std::nullopt;
-}
-
 constexpr std::string_view kMetadataKey = "__metadata__";
 
 struct TensorEntry {
   std::string name;
-  std::size_t spec_dtype = 0;
+  DType dtype = DType::uint8;
   std::vector<std::uint64_t> shape;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
@@ -175,13 +153,15 @@ class HeaderSchema final : public JsonHandler {
       metadata_.emplace(current_name_, value);
       place_ = Place::metadata;
     } else if (place_ == Place::tensor_value && field_ == Field::dtype) {
-      const auto index = spec_dtype_index(value);
-      if (!index) {
+      // Every dtype of the specification has a DType (dtype.cpp), so a name
+      // holdpoint does not know is one the reference does not know either.
+      const auto dtype = dtype_from_safetensors_name(value);
+      if (!dtype) {
         record(ErrorCode::safetensors_dtype_unknown, "tensor ", quoted_for_message(tensors_.back().name),
                " has dtype ", quoted_for_message(value), ", which is not a safetensors dtype name");
         return;
       }
-      tensors_.back().spec_dtype = *index;
+      tensors_.back().dtype = *dtype;
       tensors_.back().has_dtype = true;
       place_ = Place::tensor;
     } else {
@@ -315,6 +295,11 @@ class HeaderSchema final : public JsonHandler {
   std::optional<Error> error_;
 };
 
+// The four characters JSON allows around a value.
+bool is_json_whitespace(std::byte b) noexcept {
+  return b == std::byte{' '} || b == std::byte{'\t'} || b == std::byte{'\n'} || b == std::byte{'\r'};
+}
+
 std::uint64_t load_u64_le(const std::byte* bytes) noexcept {
   std::uint64_t value = 0;
   for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<std::uint8_t>(bytes[i]);
@@ -369,19 +354,21 @@ std::uint64_t validate_extents(const std::vector<TensorEntry>& tensors) {
            "; extents must be contiguous from 0");
     }
     const std::uint64_t numel = checked_numel(tensor);
-    const SpecDType& dtype = kSpecDTypes[tensor.spec_dtype];
-    const auto bits = checked_mul(numel, std::uint64_t{dtype.bits});
+    const std::string_view dtype = *dtype_safetensors_name(tensor.dtype);
+    // Sub-byte dtypes pack elements across bytes: the size rule is on bits,
+    // and, as in the reference, the bits must fill whole bytes exactly.
+    const auto bits = checked_mul(numel, std::uint64_t{dtype_bits(tensor.dtype)});
     if (!bits) {
       fail(ErrorCode::safetensors_validation_overflow, "tensor ", quoted_for_message(tensor.name), ": ", numel,
-           " elements of ", dtype.name, " overflow 2^64 bits");
+           " elements of ", dtype, " overflow 2^64 bits");
     }
     if (*bits % 8 != 0) {
       fail(ErrorCode::safetensors_misaligned_slice, "tensor ", quoted_for_message(tensor.name), ": ", numel,
-           " elements of ", dtype.name, " are ", *bits, " bits, not a whole number of bytes");
+           " elements of ", dtype, " are ", *bits, " bits, not a whole number of bytes");
     }
     if (*bits / 8 != tensor.end - tensor.begin) {
       fail(ErrorCode::safetensors_tensor_info_invalid, "tensor ", quoted_for_message(tensor.name), " has ",
-           tensor.end - tensor.begin, " bytes in data_offsets but its shape and dtype ", dtype.name, " need ",
+           tensor.end - tensor.begin, " bytes in data_offsets but its shape and dtype ", dtype, " need ",
            *bits / 8);
     }
     expected_begin = tensor.end;
@@ -389,10 +376,9 @@ std::uint64_t validate_extents(const std::vector<TensorEntry>& tensors) {
   return expected_begin;
 }
 
-TensorData make_tensor(const TensorEntry& entry, DType dtype, const std::byte* data,
-                       const std::shared_ptr<const void>& owner) {
+TensorData make_tensor(const TensorEntry& entry, const std::byte* data, const std::shared_ptr<const void>& owner) {
   TensorData tensor;
-  tensor.dtype = dtype;
+  tensor.dtype = entry.dtype;
   tensor.sizes.assign(entry.shape.begin(), entry.shape.end());
   tensor.strides.assign(tensor.sizes.size(), 1);
   std::int64_t stride = 1;
@@ -408,9 +394,19 @@ TensorData make_tensor(const TensorEntry& entry, DType dtype, const std::byte* d
 }  // namespace
 
 bool looks_like_safetensors(std::span<const std::byte> file) noexcept {
-  // Only the '{' after the length is required: a damaged length should reach
-  // the reader and get its precise code rather than unknown_format.
-  return file.size() >= 9 && file[8] == std::byte{'{'};
+  if (file.size() < 9) return false;
+  // A '{' right after the length is enough: a damaged length should reach the
+  // reader and get its precise code rather than unknown_format.
+  if (file[8] == std::byte{'{'}) return true;
+  // JSON whitespace before the '{' counts only inside a length that fits the
+  // file, so that text with blanks at byte 8 is not taken for safetensors.
+  const std::uint64_t header_bytes = load_u64_le(file.data());
+  if (header_bytes > file.size() - 8) return false;
+  for (std::size_t i = 8; i < 8 + header_bytes; ++i) {
+    if (file[i] == std::byte{'{'}) return true;
+    if (!is_json_whitespace(file[i])) return false;
+  }
+  return false;
 }
 
 SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::shared_ptr<const void>& owner,
@@ -429,14 +425,9 @@ SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::sha
     fail(ErrorCode::safetensors_header_length_invalid, "the header length is ", header_bytes, " bytes but only ",
          file.size() - 8, " bytes follow it");
   }
+  // JSON whitespace may surround the object, as the reference (serde_json)
+  // allows; looks_like_safetensors skips the same four characters.
   const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(header_bytes));
-  // The specification says the header MUST begin with '{'; the reference
-  // reader does not check it (serde skips whitespace). A file sniffed by its
-  // first bytes should mean the same thing to every reader, so holdpoint does.
-  if (header.empty() || header.front() != '{') {
-    fail(ErrorCode::safetensors_header_invalid, "the header does not start with '{'");
-  }
-
   HeaderSchema schema(limits);
   parse_json(header, limits.max_json_depth, schema);
   schema.throw_if_failed();
@@ -456,14 +447,8 @@ SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::sha
   result.tensors.reserve(entries.size());
   Dict root;
   for (const TensorEntry& entry : entries) {
-    const std::string_view spec_name = kSpecDTypes[entry.spec_dtype].name;
-    const auto dtype = dtype_from_safetensors_name(spec_name);
-    if (!dtype) {
-      fail(ErrorCode::safetensors_dtype_unsupported, "tensor ", quoted_for_message(entry.name), " has dtype ",
-           spec_name, ", which holdpoint cannot represent");
-    }
     const std::uint64_t nbytes = entry.end - entry.begin;
-    const std::uint64_t numel = nbytes / dtype_itemsize(*dtype);
+    const std::uint64_t numel = checked_numel(entry);
     if (numel > limits.max_tensor_numel) {
       fail(ErrorCode::tensor_numel_limit, "tensor ", quoted_for_message(entry.name), " has ", numel,
            " elements (Limits::max_tensor_numel is ", limits.max_tensor_numel, ")");
@@ -476,7 +461,7 @@ SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::sha
     const std::byte* data = file.data() + offset;
     result.tensors.push_back(RecordInfo{entry.name, offset, nbytes, 0});
     // The parser rejected duplicate names, so insert cannot fail.
-    root.insert(entry.name, Value::tensor(make_tensor(entry, *dtype, data, owner)));
+    root.insert(entry.name, Value::tensor(make_tensor(entry, data, owner)));
   }
   result.root = Value::ordered_dict(std::move(root));
   return result;

@@ -1,7 +1,7 @@
 // safetensors writer: the layout the reference writer (huggingface/safetensors
 // `prepare` + `serialize`) produces, so that its output is byte-for-byte what a
 // careful reader expects: `__metadata__` first, tensors by descending element
-// size then name (each tensor is naturally aligned once the buffer is mapped at
+// bits then name (each tensor is naturally aligned once the buffer is mapped at
 // an 8-byte boundary), offsets consecutive from 0, header padded with spaces to
 // a multiple of 8.
 #include <algorithm>
@@ -37,12 +37,41 @@ struct PlannedTensor {
 
 // The header lists tensors in the caller's order, so a mapping read back has
 // its keys in the order it was written; the data buffer is laid out by
-// descending element size, then name, so that every tensor is naturally
+// descending element bits, then name, so that every tensor is naturally
 // aligned. Readers find tensors by data_offsets, never by header order.
 struct Plan {
   std::vector<PlannedTensor> tensors;  // header order
   std::vector<std::size_t> layout;     // indices into tensors, in data order
 };
+
+// A sub-byte tensor (F4, F6_*) has no element address of its own, so only a
+// contiguous run that starts and ends on byte boundaries can be written, as
+// the reference requires of its slices.
+std::uint64_t checked_sub_byte_bytes(const std::string& name, const TensorData& tensor, std::uint64_t numel) {
+  const std::uint64_t bits = dtype_bits(tensor.dtype);
+  const auto total_bits = checked_mul(numel, bits);
+  const auto first_bit = checked_mul(static_cast<std::uint64_t>(tensor.storage_offset), bits);
+  if (!total_bits || !first_bit) {
+    fail(ErrorCode::tensor_numel_limit, "tensor ", quoted_for_message(name), ": its bit size overflows");
+  }
+  if (!tensor.is_contiguous() || *first_bit % 8 != 0) {
+    fail(ErrorCode::tensor_geometry_invalid, "tensor ", quoted_for_message(name), " is a ", dtype_name(tensor.dtype),
+         " view that is strided or starts inside a byte; sub-byte elements are written only as whole contiguous bytes");
+  }
+  if (*total_bits % 8 != 0) {
+    fail(ErrorCode::safetensors_misaligned_slice, "tensor ", quoted_for_message(name), ": ", numel, " elements of ",
+         dtype_name(tensor.dtype), " are ", *total_bits, " bits, not a whole number of bytes");
+  }
+  if (!tensor.storage) {
+    fail(ErrorCode::tensor_geometry_invalid, "tensor ", quoted_for_message(name), " has elements but no storage");
+  }
+  const auto end_byte = checked_add(*first_bit / 8, *total_bits / 8);
+  if (!end_byte || *end_byte > tensor.storage->nbytes()) {
+    fail(ErrorCode::tensor_out_of_bounds, "tensor ", quoted_for_message(name), " reaches past the ",
+         tensor.storage->nbytes(), " bytes of its storage");
+  }
+  return *total_bits / 8;
+}
 
 // The view's logical size in bytes, after checking that it describes memory
 // inside its storage: a caller-built TensorData is not trusted to be coherent.
@@ -75,6 +104,7 @@ std::uint64_t checked_view_bytes(const std::string& name, const TensorData& tens
     numel = *next;
   }
   if (has_zero) return 0;
+  if (dtype_is_sub_byte(tensor.dtype)) return checked_sub_byte_bytes(name, tensor, numel);
   const std::uint64_t itemsize = tensor.itemsize();
   const auto nbytes = checked_mul(numel, itemsize);
   if (!nbytes) fail(ErrorCode::tensor_numel_limit, "tensor ", quoted_for_message(name), ": its byte size overflows");
@@ -140,8 +170,8 @@ Plan plan_tensors(const Value& root) {
   plan.layout.resize(planned.size());
   for (std::size_t i = 0; i < planned.size(); ++i) plan.layout[i] = i;
   std::sort(plan.layout.begin(), plan.layout.end(), [&](std::size_t i, std::size_t j) {
-    const std::size_t x = planned[i].tensor->itemsize();
-    const std::size_t y = planned[j].tensor->itemsize();
+    const std::size_t x = dtype_bits(planned[i].tensor->dtype);
+    const std::size_t y = dtype_bits(planned[j].tensor->dtype);
     return x != y ? x > y : *planned[i].name < *planned[j].name;
   });
   std::uint64_t offset = 0;
@@ -265,7 +295,10 @@ void write_safetensors(io::ByteSink& sink, const Value& root, const std::map<std
     if (entry.nbytes == 0) continue;
     const TensorData& tensor = *entry.tensor;
     if (tensor.is_contiguous()) {
-      const std::byte* data = tensor.storage->data() + static_cast<std::size_t>(tensor.storage_offset) * tensor.itemsize();
+      // Whole bytes for every dtype: checked_view_bytes refused a sub-byte
+      // view that starts inside a byte.
+      const std::byte* data =
+          tensor.storage->data() + static_cast<std::size_t>(tensor.storage_offset) * dtype_bits(tensor.dtype) / 8;
       sink.write_stable(std::span<const std::byte>(data, static_cast<std::size_t>(entry.nbytes)));
     } else {
       write_strided(sink, tensor, scratch);

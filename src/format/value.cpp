@@ -33,7 +33,7 @@ TensorData TensorData::from_bytes(DType dtype, std::vector<std::int64_t> sizes, 
     tensor.strides[i] = stride;
     stride *= tensor.sizes[i];
   }
-  if (static_cast<std::size_t>(tensor.numel()) * dtype_itemsize(dtype) != bytes.size()) {
+  if (static_cast<std::size_t>(tensor.numel()) * dtype_bits(dtype) != bytes.size() * 8) {
     fail(ErrorCode::invalid_argument, "TensorData::from_bytes: ", bytes.size(), " bytes for ", tensor.numel(),
          " elements of ", dtype_name(dtype));
   }
@@ -60,6 +60,15 @@ void TensorData::copy_contiguous_bytes(std::byte* out) const {
   const std::size_t item = itemsize();
   const std::int64_t count = numel();
   if (count == 0) return;
+  if (dtype_is_sub_byte(dtype)) {
+    const std::size_t first_bit = static_cast<std::size_t>(storage_offset) * dtype_bits(dtype);
+    if (!is_contiguous() || first_bit % 8 != 0) {
+      fail(ErrorCode::tensor_geometry_invalid, "a ", dtype_name(dtype),
+           " view that is strided or starts inside a byte cannot be copied out byte by byte");
+    }
+    std::memcpy(out, storage->data() + first_bit / 8, logical_bytes());
+    return;
+  }
   const std::byte* base = storage->data() + static_cast<std::size_t>(storage_offset) * item;
   if (is_contiguous()) {
     std::memcpy(out, base, static_cast<std::size_t>(count) * item);

@@ -301,6 +301,15 @@ class StateWalker {
       }
       return;
     }
+    if (dtype_is_sub_byte(expected.dtype)) {
+      // Elements share bytes, so the packed bytes are compared as one value.
+      ++comparison_.values_compared;
+      if (a != b) {
+        comparison_.fail(ErrorCode::resume_value_mismatch, here,
+                         concat(prefix(here), dtype_name(expected.dtype), " bits differ"));
+      }
+      return;
+    }
     const std::size_t itemsize = expected.itemsize();
     for (std::int64_t i = 0; i < numel; ++i) {
       const ComparisonLocation where{std::nullopt, path, unravel(i, expected.sizes)};

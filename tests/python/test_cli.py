@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import sys
 import tempfile
 from collections import OrderedDict
@@ -140,6 +141,86 @@ def check_convert(report, tmp):
     report.check(not leftovers, f"no staging files left: {leftovers}")
 
 
+def check_convert_plain_dict_is_not_dict_vs_ordereddict(report, tmp):
+    """Regression: every file Python wrote with torch.save({...}) failed conversion to
+    safetensors with "converted file differs from the input: <root>: dict vs OrderedDict".
+    safetensors has one mapping type and no requires_grad, so the check after writing
+    compares keys, dtypes, shapes and bytes only."""
+    source = os.path.join(tmp, "plain_dict.pt")
+    saved = {"w": torch.nn.Parameter(torch.arange(6.0).reshape(2, 3)), "b": torch.tensor([1, 2, 3])}
+    torch.save(saved, source)
+    out = os.path.join(tmp, "plain_dict.safetensors")
+    r = cli("convert", source, out)
+    report.check(r.returncode == 0 and "verified by re-reading" in r.stdout, f"plain dict -> safetensors: {r.describe()}")
+    report.check("dict vs OrderedDict" not in r.stderr, "no dict vs OrderedDict difference is reported")
+    if r.returncode == 0:
+        from safetensors.torch import load_file
+        loaded = load_file(out)
+        report.check(set(loaded) == set(saved) and all(torch.equal(loaded[k], saved[k].detach()) for k in saved),
+                     "safetensors' loader reads the tensors torch.save wrote")
+    # The .pt direction keeps the plain dict (a .pt file can hold it).
+    back = os.path.join(tmp, "plain_dict.back.pt")
+    r = cli("convert", source, back)
+    report.check(r.returncode == 0, f"plain dict -> .pt: {r.describe()}")
+    if r.returncode == 0:
+        loaded = torch.load(back, weights_only=True)
+        report.check(type(loaded) is dict and loaded["w"].requires_grad, f"plain dict -> .pt keeps {type(loaded)}")
+
+
+def check_safetensors_leading_whitespace(report, tmp):
+    """JSON whitespace around the header object is valid (the reference parses the header
+    with serde_json); anything else before the '{' is not safetensors."""
+    from safetensors import deserialize
+    body = json.dumps({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    data = struct.pack("<ff", 1.5, -2.0)
+
+    def write(name, header):
+        path = os.path.join(tmp, name)
+        raw = struct.pack("<Q", len(header)) + header + data
+        with open(path, "wb") as f:
+            f.write(raw)
+        return path, raw
+
+    for label, header in (("space", b" " + body), ("newline", b"\n" + body), ("tab", b"\t" + body),
+                          ("mixed", b"\r\n \t  " + body), ("both ends", b"  " + body + b" \n\t")):
+        path, raw = write(f"ws-{label}.safetensors", header)
+        deserialize(raw)  # the reference accepts it
+        r = harness.inspect(path)
+        report.check(r.returncode == 0 and r.json()["format"] == "safetensors", f"leading {label}: {r.describe()}")
+        if r.returncode == 0:
+            # The entries, whichever mapping kind each side calls the root.
+            ours = harness.normalize_storage_keys(list(r.json()["tree"].values())[0])
+            theirs = harness.normalize_storage_keys(list(oracle.load(path)["tree"].values())[0])
+            report.check(ours == theirs, f"leading {label}: inspect differs from the oracle")
+        r = cli("verify", path)
+        report.check(r.returncode == 0, f"leading {label}: verify {r.describe()}")
+        out = os.path.join(tmp, f"ws-{label}.pt")
+        r = cli("convert", path, out)
+        report.check(r.returncode == 0 and torch.equal(torch.load(out, weights_only=True)["t"], torch.tensor([1.5, -2.0])),
+                     f"leading {label}: convert to .pt {r.describe()}")
+
+    # Not JSON whitespace: the reference refuses these, and holdpoint does not take them
+    # for safetensors at all.
+    for label, header in (("form feed", b"\x0c" + body), ("vertical tab", b"\x0b" + body),
+                          ("no-break space", b"\xc2\xa0" + body), ("NUL", b"\x00" + body),
+                          ("byte order mark", b"\xef\xbb\xbf" + body), ("only blanks", b"    ")):
+        path, raw = write(f"not-ws-{label}.safetensors", header)
+        try:
+            deserialize(raw)
+            report.check(False, f"{label}: the reference accepted it")
+        except Exception:  # noqa: BLE001 - any refusal by the reference will do
+            pass
+        r = cli("inspect", path)
+        report.check(r.returncode == 1 and first_code(r) == "unknown_format", f"{label} before '{{': {r.describe()}")
+    # Text with blanks after byte 8: its first 8 bytes are no plausible header length.
+    for label, text in (("prose", b"This is text      {not json}"), ("eight blanks", b"        \n {}")):
+        path = os.path.join(tmp, f"text-{label}.txt")
+        with open(path, "wb") as f:
+            f.write(text)
+        r = cli("inspect", path)
+        report.check(r.returncode == 1 and first_code(r) == "unknown_format", f"{label}: {r.describe()}")
+
+
 def check_codes(report):
     with open(os.path.join(harness.SOURCE_DIR, "include", "holdpoint", "error.h"), encoding="utf-8") as f:
         declared = re.findall(r"^\s*X\(([a-z0-9_]+),", f.read(), re.MULTILINE)
@@ -168,6 +249,8 @@ def main():
         check_verify(report, tmp)
         check_inspect(report, tmp)
         check_convert(report, tmp)
+        check_convert_plain_dict_is_not_dict_vs_ordereddict(report, tmp)
+        check_safetensors_leading_whitespace(report, tmp)
         check_codes(report)
         check_usage(report)
     finally:

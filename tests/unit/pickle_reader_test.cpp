@@ -1400,14 +1400,32 @@ TEST(PickleReader, RejectsMisshapenRebuildArguments) {
   EXPECT_ERROR_CODE(read(not_tensor_param.tuple3().reduce().stop()), ErrorCode::pickle_call_args_invalid);
 }
 
+// _rebuild_tensor_v3 of a one-element view of storage "0".
+PickleBuilder v3(std::string_view storage_type, std::int64_t numel, std::string_view dtype_module,
+                 std::string_view dtype) {
+  PickleBuilder p;
+  p.proto().global("torch._utils", "_rebuild_tensor_v3").mark().pid(storage_type, "0", numel).integer(0);
+  p.int_tuple({1}).int_tuple({1}).boolean(false).ordered_dict().global(dtype_module, dtype).tuple().reduce().stop();
+  return p;
+}
+
+TEST(PickleReader, ReadsTheDtypesTorch213AddedThroughRebuildV3) {
+  for (const char* name : {"float8_e8m0fnu", "float4_e2m1fn_x2", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"}) {
+    SCOPED_TRACE(name);
+    const Value root = read(v3("UntypedStorage", 4, "torch", name)).root;
+    EXPECT_EQ(dtype_name(root.as_tensor().dtype), name);
+  }
+}
+
+TEST(PickleReader, RefusesTheSafetensorsOnlyDtypeNames) {
+  // No torch.<name> exists for these, so no torch-written pickle names them.
+  for (const char* name : {"float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"}) {
+    SCOPED_TRACE(name);
+    EXPECT_ERROR_CODE(read(v3("UntypedStorage", 4, "torch", name)), ErrorCode::pickle_global_forbidden);
+  }
+}
+
 TEST(PickleReader, RejectsMismatchedRebuildV3Arguments) {
-  const auto v3 = [](std::string_view storage_type, std::int64_t numel, std::string_view dtype_module,
-                     std::string_view dtype) {
-    PickleBuilder p;
-    p.proto().global("torch._utils", "_rebuild_tensor_v3").mark().pid(storage_type, "0", numel).integer(0);
-    p.int_tuple({1}).int_tuple({1}).boolean(false).ordered_dict().global(dtype_module, dtype).tuple().reduce().stop();
-    return p;
-  };
   EXPECT_ERROR_CODE(read(v3("FloatStorage", 4, "torch", "uint16")), ErrorCode::pickle_call_args_invalid);
   EXPECT_ERROR_CODE(read(v3("UntypedStorage", 4, "torch", "FloatStorage")), ErrorCode::pickle_call_args_invalid);
   EXPECT_ERROR_CODE(read(v3("UntypedStorage", 3, "torch", "uint16")), ErrorCode::storage_size_mismatch);

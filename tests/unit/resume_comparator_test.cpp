@@ -396,6 +396,19 @@ TEST(CompareState, Float32ElementsCompareAsDoubles) {
   EXPECT_NEAR(*c.max_abs_deviation, 2.384185791015625e-07, 1e-20);
 }
 
+TEST(CompareState, SubByteTensorsCompareTheirPackedBytes) {
+  // F6 elements straddle bytes: one differing bit anywhere is one mismatch.
+  const auto f6 = [](std::string_view bytes) {
+    return Value::tensor(TensorData::from_bytes(DType::float6_e2m3fn, {4}, std::as_bytes(std::span(bytes))));
+  };
+  const Comparison same = compare_state("m", f6("\x01\x02\x03"), f6("\x01\x02\x03"), {});
+  EXPECT_TRUE(same.passed) << same.detail;
+  EXPECT_EQ(same.values_compared, 1u);
+  const Comparison differ = compare_state("m", f6("\x01\x02\x03"), f6("\x01\x02\x83"), {.absolute = 1, .relative = 1});
+  EXPECT_EQ(differ.failure, ErrorCode::resume_value_mismatch);
+  EXPECT_THAT(differ.detail, ::testing::HasSubstr("float6_e2m3fn bits differ"));
+}
+
 TEST(CompareState, ShapeMismatchIsStructure) {
   const Comparison c = compare_state("model", doubles({2, 3}, {1, 2, 3, 4, 5, 6}), doubles({3, 2}, {1, 2, 3, 4, 5, 6}), {});
   EXPECT_EQ(c.failure, ErrorCode::resume_structure_mismatch);

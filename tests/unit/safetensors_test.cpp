@@ -91,11 +91,12 @@ Bytes random_bytes(std::size_t n, std::uint32_t seed) {
   return out;
 }
 
+// Sized by bits, so that sub-byte dtypes work (given sizes whose bits fill whole bytes).
 TensorData random_tensor(DType dtype, std::vector<std::int64_t> sizes, std::uint32_t seed) {
   std::int64_t numel = 1;
   for (auto size : sizes) numel *= size;
   return TensorData::from_bytes(dtype, std::move(sizes),
-                                random_bytes(static_cast<std::size_t>(numel) * dtype_itemsize(dtype), seed));
+                                random_bytes(static_cast<std::size_t>(numel) * dtype_bits(dtype) / 8, seed));
 }
 
 // A strided view over a private storage of `storage_elements` random elements.
@@ -183,9 +184,10 @@ print('N', n)
 // prints "T <hex name> <sha256 of its bytes>" per tensor in file order.
 constexpr std::string_view kCheckLayoutScript = R"PY(
 import hashlib, json, struct, sys
-ITEMSIZE = {'BOOL': 1, 'U8': 1, 'I8': 1, 'F8_E5M2': 1, 'F8_E4M3': 1, 'F8_E4M3FNUZ': 1, 'F8_E5M2FNUZ': 1,
-            'I16': 2, 'U16': 2, 'F16': 2, 'BF16': 2, 'I32': 4, 'U32': 4, 'F32': 4,
-            'C64': 8, 'F64': 8, 'I64': 8, 'U64': 8}
+BITS = {'F4': 4, 'F6_E2M3': 6, 'F6_E3M2': 6,
+        'BOOL': 8, 'U8': 8, 'I8': 8, 'F8_E5M2': 8, 'F8_E4M3': 8, 'F8_E8M0': 8, 'F8_E4M3FNUZ': 8, 'F8_E5M2FNUZ': 8,
+        'I16': 16, 'U16': 16, 'F16': 16, 'BF16': 16, 'I32': 32, 'U32': 32, 'F32': 32,
+        'C64': 64, 'F64': 64, 'I64': 64, 'U64': 64}
 data = open(sys.argv[1], 'rb').read()
 n = struct.unpack('<Q', data[:8])[0]
 assert n % 8 == 0, 'header length %d is not a multiple of 8' % n
@@ -205,7 +207,7 @@ for name, _ in tensors:
     print('H', name.encode().hex())
 # The data buffer (tensors by offset) is ordered by alignment, then name.
 tensors.sort(key=lambda kv: tuple(kv[1]['data_offsets']))
-expected_order = sorted(tensors, key=lambda kv: (-ITEMSIZE[kv[1]['dtype']], kv[0].encode()))
+expected_order = sorted(tensors, key=lambda kv: (-BITS[kv[1]['dtype']], kv[0].encode()))
 assert [k for k, _ in tensors] == [k for k, _ in expected_order], 'data is not ordered by alignment, then name'
 offset = 0
 for name, info in tensors:
@@ -215,7 +217,8 @@ for name, info in tensors:
     numel = 1
     for d in info['shape']:
         numel *= d
-    assert end - begin == numel * ITEMSIZE[info['dtype']], 'size of %r' % name
+    assert numel * BITS[info['dtype']] % 8 == 0, 'bits of %r' % name
+    assert end - begin == numel * BITS[info['dtype']] // 8, 'size of %r' % name
     offset = end
     print('T', name.encode().hex(), hashlib.sha256(data[8 + n + begin:8 + n + end]).hexdigest())
 assert 8 + n + offset == len(data), 'data does not end at the end of the file'
@@ -327,9 +330,33 @@ TEST(SafetensorsRoundTrip, EveryDtypeWithASafetensorsName) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
     if (!dtype_safetensors_name(dtype)) continue;
     ++named;
-    expect_round_trip(dict_of({{"x", random_tensor(dtype, {3, 5}, static_cast<std::uint32_t>(i))}}));
+    // 3 x 8 elements fill whole bytes in every dtype, 4- and 6-bit ones included.
+    expect_round_trip(dict_of({{"x", random_tensor(dtype, {3, 8}, static_cast<std::uint32_t>(i))}}));
+    EXPECT_EQ(dtype_from_safetensors_name(*dtype_safetensors_name(dtype)), dtype);
   }
-  EXPECT_EQ(named, 18u);
+  // Every dtype name of the specification (docs/format.md §8).
+  EXPECT_EQ(named, 22u);
+}
+
+TEST(SafetensorsRoundTrip, SubByteTensorsKeepTheirPackedBytes) {
+  const Bytes packed = bytes_of(std::string_view("\x21\x43\x65", 3));
+  const Value root = dict_of({{"f4", TensorData::from_bytes(DType::float4_e2m1fn, {3, 2}, packed)},
+                              {"f6", TensorData::from_bytes(DType::float6_e2m3fn, {4}, packed)},
+                              {"f6_empty", TensorData::from_bytes(DType::float6_e3m2fn, {0, 3}, {})},
+                              {"byte", TensorData::from_bytes(DType::uint8, {1}, bytes_of("z"))}});
+  const Bytes file = write_bytes(root);
+  const SafetensorsFile parsed = read_bytes(file);
+  EXPECT_EQ(tensor_mapping_difference(root, parsed.root), "");
+  const TensorData& f4 = parsed.root.as_dict().at("f4").as_tensor();
+  EXPECT_EQ(f4.dtype, DType::float4_e2m1fn);
+  EXPECT_EQ(f4.sizes, (std::vector<std::int64_t>{3, 2}));
+  EXPECT_EQ(f4.logical_bytes(), 3u);
+  EXPECT_EQ(f4.contiguous_bytes(), packed);
+  // Data by descending bits: "byte" (8), then the 6-bit ones by name, "f4" last.
+  const std::uint64_t data_start = 8 + parsed.header_bytes;
+  EXPECT_EQ(parsed.tensors[3].offset, data_start);
+  EXPECT_EQ(parsed.tensors[1].offset, data_start + 1);
+  EXPECT_EQ(parsed.tensors[0].offset, data_start + 4);
 }
 
 TEST(SafetensorsRoundTrip, ZeroDimensionalAndEmptyTensors) {
@@ -435,7 +462,7 @@ TEST(SafetensorsWriter, OurFilesPassAnIndependentPythonReader) {
   for (std::size_t i = 0; i < kDTypeCount; ++i) {
     const auto dtype = static_cast<DType>(i);
     if (!dtype_safetensors_name(dtype)) continue;
-    entries.emplace_back("t_" + std::string(dtype_name(dtype)), random_tensor(dtype, {2, 3}, static_cast<std::uint32_t>(i)));
+    entries.emplace_back("t_" + std::string(dtype_name(dtype)), random_tensor(dtype, {2, 4}, static_cast<std::uint32_t>(i)));
   }
   entries.emplace_back("scalar", random_tensor(DType::float64, {}, 90));
   entries.emplace_back("empty", random_tensor(DType::float32, {0, 4}, 91));
@@ -534,9 +561,29 @@ TEST(SafetensorsReader, LooksLikeSafetensorsOnlyForAPlausiblePrefix) {
   EXPECT_ERROR_CODE(read_bytes(make_file("{")), ErrorCode::safetensors_header_invalid);
   EXPECT_TRUE(looks_like_safetensors(make_file("{}", {}, 100)));
   EXPECT_ERROR_CODE(read_bytes(make_file("{}", {}, 100)), ErrorCode::safetensors_header_length_invalid);
-  EXPECT_FALSE(looks_like_safetensors(make_file(" {}")));                    // leading space
+  // JSON whitespace before the brace, as the reference accepts it.
+  EXPECT_TRUE(looks_like_safetensors(make_file(" {}")));
+  EXPECT_TRUE(looks_like_safetensors(make_file("\r\n\t {}")));
   EXPECT_FALSE(looks_like_safetensors(bytes_of("12345678")));                 // no header at all
   EXPECT_FALSE(looks_like_safetensors(bytes_of("PK\x03\x04 not safetensors")));
+}
+
+TEST(SafetensorsReader, LeadingBlanksDoNotMakeTextLookLikeSafetensors) {
+  // Other characters before the brace: the reference refuses them as JSON.
+  for (const std::string_view prefix : {std::string_view("\f"), std::string_view("\v"), std::string_view("\xC2\xA0"),
+                                       std::string_view("\0", 1), std::string_view("\xEF\xBB\xBF"), std::string_view("x")}) {
+    const std::string header = std::string(prefix) + "{}";
+    SCOPED_TRACE(hex_of(header));
+    EXPECT_FALSE(looks_like_safetensors(make_file(header)));
+    EXPECT_ERROR_CODE(read_bytes(make_file(header)), ErrorCode::safetensors_header_invalid);
+  }
+  // Whitespace counts only inside a header length that fits the file: eight
+  // blanks as the "length" are 2.3e15 bytes.
+  EXPECT_FALSE(looks_like_safetensors(bytes_of("        \n {}")));
+  EXPECT_FALSE(looks_like_safetensors(bytes_of("This is text      {not json}")));
+  EXPECT_FALSE(looks_like_safetensors(make_file("  {}", {}, 2)));            // the brace lies past the length
+  EXPECT_FALSE(looks_like_safetensors(make_file("    ")));                   // blanks only
+  EXPECT_FALSE(looks_like_safetensors(make_file("")));
 }
 
 // ---- attacks the reader stops -----------------------------------------------------------------
@@ -589,13 +636,25 @@ TEST(SafetensorsAttack, SchemaErrorDoesNotHideThatTheRestIsNotJson) {
   EXPECT_ERROR_CODE(read_bytes(make_file(R"({"t":1, garbage)")), ErrorCode::safetensors_header_invalid);
 }
 
-TEST(SafetensorsAttack, LeadingWhitespaceBeforeTheBrace) {
-  EXPECT_ERROR_CODE(read_bytes(make_file(" {}")), ErrorCode::safetensors_header_invalid);
-  EXPECT_ERROR_CODE(read_bytes(make_file("\n{}")), ErrorCode::safetensors_header_invalid);
+TEST(SafetensorsReader, LeadingWhitespaceWasRefusedAsUnknownFormat) {
+  // Regression: the reference (serde_json) allows JSON whitespace before the
+  // header object; holdpoint refused such files.
+  EXPECT_EQ(read_bytes(make_file(" {}")).root.as_dict().size(), 0u);
+  const std::string header = "\n\t\r " + one_tensor("U8", "[2]", "[0,2]") + " \n";
+  const SafetensorsFile parsed = read_bytes(make_file(header, bytes_of("ab")));
+  EXPECT_EQ(parsed.root.as_dict().at("t").as_tensor().contiguous_bytes(), bytes_of("ab"));
+  EXPECT_EQ(parsed.tensors[0].offset, 8 + header.size());
+}
+
+TEST(SafetensorsAttack, WhitespaceAloneIsNotAHeader) {
+  EXPECT_ERROR_CODE(read_bytes(make_file("   ")), ErrorCode::safetensors_header_invalid);
+  EXPECT_ERROR_CODE(read_bytes(make_file(" \n ")), ErrorCode::safetensors_header_invalid);
 }
 
 TEST(SafetensorsAttack, TopLevelArray) {
-  EXPECT_ERROR_CODE(read_bytes(make_file("[]")), ErrorCode::safetensors_header_invalid);
+  // Valid JSON, as the reference parses it, but not the object the schema requires.
+  EXPECT_ERROR_CODE(read_bytes(make_file("[]")), ErrorCode::safetensors_header_schema_invalid);
+  EXPECT_ERROR_CODE(read_bytes(make_file(" 7 ")), ErrorCode::safetensors_header_schema_invalid);
 }
 
 TEST(SafetensorsAttack, BytesAfterTheTopLevelObjectInsideTheHeader) {
@@ -711,17 +770,49 @@ TEST(SafetensorsAttack, UnknownDtype) {
 }
 
 TEST(SafetensorsAttack, SubByteDtypeWithAPartialByte) {
+  // The reference requires the bits to fill whole bytes; it does not round up.
   EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F4", "[3]", "[0,2]"), zeros(2))),
+                    ErrorCode::safetensors_misaligned_slice);
+  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F4", "[]", "[0,1]"), zeros(1))),
                     ErrorCode::safetensors_misaligned_slice);
   EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F6_E2M3", "[1]", "[0,1]"), zeros(1))),
                     ErrorCode::safetensors_misaligned_slice);
+  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F6_E3M2", "[2,3]", "[0,5]"), zeros(5))),
+                    ErrorCode::safetensors_misaligned_slice);
+  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F6_E2M3", "[5]", "[0,4]"), zeros(4))),
+                    ErrorCode::safetensors_misaligned_slice);
 }
 
-TEST(SafetensorsAttack, ValidSpecDtypeHoldpointCannotRepresent) {
-  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F4", "[4]", "[0,2]"), zeros(2))),
-                    ErrorCode::safetensors_dtype_unsupported);
-  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F8_E8M0", "[2]", "[0,2]"), zeros(2))),
-                    ErrorCode::safetensors_dtype_unsupported);
+TEST(SafetensorsAttack, SubByteDtypeSizedAsWholeBytes) {
+  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F4", "[4]", "[0,4]"), zeros(4))),
+                    ErrorCode::safetensors_tensor_info_invalid);
+  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F6_E2M3", "[4]", "[0,4]"), zeros(4))),
+                    ErrorCode::safetensors_tensor_info_invalid);
+  EXPECT_ERROR_CODE(read_bytes(make_file(one_tensor("F6_E3M2", "[4]", "[0,2]"), zeros(2))),
+                    ErrorCode::safetensors_tensor_info_invalid);
+}
+
+TEST(SafetensorsReader, ReadsEverySubByteAndFloat8Dtype) {
+  struct Case {
+    const char* name;
+    const char* shape;
+    std::size_t bytes;
+    DType dtype;
+  };
+  for (const Case& c : {Case{"F4", "[2,2]", 2, DType::float4_e2m1fn}, Case{"F4", "[0]", 0, DType::float4_e2m1fn},
+                        Case{"F6_E2M3", "[4]", 3, DType::float6_e2m3fn},
+                        Case{"F6_E3M2", "[2,4]", 6, DType::float6_e3m2fn},
+                        Case{"F8_E8M0", "[2]", 2, DType::float8_e8m0fnu},
+                        Case{"F8_E4M3FNUZ", "[]", 1, DType::float8_e4m3fnuz}}) {
+    SCOPED_TRACE(std::string(c.name) + c.shape);
+    const Bytes data = random_bytes(c.bytes, 7);
+    const std::string offsets = "[0," + std::to_string(c.bytes) + "]";
+    const SafetensorsFile parsed = read_bytes(make_file(one_tensor(c.name, c.shape, offsets), data));
+    const TensorData& t = parsed.root.as_dict().at("t").as_tensor();
+    EXPECT_EQ(t.dtype, c.dtype);
+    EXPECT_EQ(t.logical_bytes(), c.bytes);
+    EXPECT_EQ(t.contiguous_bytes(), data);
+  }
 }
 
 TEST(SafetensorsAttack, IntegersThatAreNotExactU64) {
@@ -947,10 +1038,11 @@ TEST(SafetensorsWriterAttack, IntegerKey) {
 }
 
 TEST(SafetensorsWriterAttack, DtypeWithoutASafetensorsName) {
-  EXPECT_ERROR_CODE(write_bytes(dict_of({{"z", random_tensor(DType::complex128, {1}, 1)}})),
-                    ErrorCode::write_value_unsupported);
-  EXPECT_ERROR_CODE(write_bytes(dict_of({{"z", random_tensor(DType::complex32, {1}, 1)}})),
-                    ErrorCode::write_value_unsupported);
+  for (DType dtype : {DType::complex128, DType::complex32, DType::bits8, DType::bits16, DType::bits1x8,
+                      DType::float4_e2m1fn_x2}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    EXPECT_ERROR_CODE(write_bytes(dict_of({{"z", random_tensor(dtype, {1}, 1)}})), ErrorCode::write_value_unsupported);
+  }
 }
 
 TEST(SafetensorsWriterAttack, NamesAConformingReaderWouldMisread) {
@@ -981,6 +1073,33 @@ TEST(SafetensorsWriterAttack, IncoherentGeometry) {
                     ErrorCode::tensor_geometry_invalid);
   EXPECT_ERROR_CODE(write_bytes(dict_of({{"v", strided_view(DType::float32, {std::int64_t{1} << 62, 4}, {0, 0}, 0, 4, 1)}})),
                     ErrorCode::tensor_numel_limit);
+}
+
+TEST(SafetensorsWriterAttack, SubByteViewsThatAreNotWholeBytes) {
+  const auto f4 = [](std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides, std::int64_t offset,
+                     std::size_t storage_bytes) {
+    TensorData tensor;
+    tensor.dtype = DType::float4_e2m1fn;
+    tensor.sizes = std::move(sizes);
+    tensor.strides = std::move(strides);
+    tensor.storage_offset = offset;
+    tensor.storage = Storage::copy_of(random_bytes(storage_bytes, 1));
+    return tensor;
+  };
+  // Elements share bytes: a strided view, or one that starts inside a byte,
+  // cannot be gathered byte by byte.
+  EXPECT_ERROR_CODE(write_bytes(dict_of({{"v", f4({2, 2}, {1, 2}, 0, 2)}})), ErrorCode::tensor_geometry_invalid);
+  EXPECT_ERROR_CODE(write_bytes(dict_of({{"v", f4({2}, {2}, 0, 2)}})), ErrorCode::tensor_geometry_invalid);
+  EXPECT_ERROR_CODE(write_bytes(dict_of({{"v", f4({2}, {1}, 1, 2)}})), ErrorCode::tensor_geometry_invalid);
+  // An odd count of 4-bit elements ends inside a byte, as the reader refuses too.
+  EXPECT_ERROR_CODE(write_bytes(dict_of({{"v", f4({3}, {1}, 0, 2)}})), ErrorCode::safetensors_misaligned_slice);
+  EXPECT_ERROR_CODE(write_bytes(dict_of({{"v", f4({}, {}, 0, 1)}})), ErrorCode::safetensors_misaligned_slice);
+  EXPECT_ERROR_CODE(write_bytes(dict_of({{"v", f4({4}, {1}, 2, 2)}})), ErrorCode::tensor_out_of_bounds);
+  // A byte-aligned slice of a larger storage is fine.
+  const TensorData slice = f4({4}, {1}, 2, 3);
+  const SafetensorsFile parsed = read_bytes(write_bytes(dict_of({{"v", slice}})));
+  EXPECT_EQ(parsed.root.as_dict().at("v").as_tensor().contiguous_bytes(),
+            Bytes(slice.storage->bytes().begin() + 1, slice.storage->bytes().end()));
 }
 
 TEST(SafetensorsWriterAttack, RejectedInputWritesNothing) {
