@@ -51,6 +51,7 @@ using detail::checked_mul;
 
 enum class GlobalKind : std::uint8_t {
   ordered_dict,
+  counter,  // collections.Counter: read as the dict of its counts
   rebuild_tensor_v2,
   rebuild_tensor_v3,
   rebuild_parameter,
@@ -176,6 +177,7 @@ std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
 std::string global_name(const GlobalRef& global) {
   switch (global.kind) {
     case GlobalKind::ordered_dict: return "collections.OrderedDict";
+    case GlobalKind::counter: return "collections.Counter";
     case GlobalKind::rebuild_tensor_v2: return "torch._utils._rebuild_tensor_v2";
     case GlobalKind::rebuild_tensor_v3: return "torch._utils._rebuild_tensor_v3";
     case GlobalKind::rebuild_parameter: return "torch._utils._rebuild_parameter";
@@ -354,6 +356,7 @@ class Machine {
 
   // ---- callables ----
   Item reduce_ordered_dict(const Item& args);
+  Item reduce_counter(const Item& args);
   Item reduce_codecs_encode(const Item& args);
   Item reduce_tensor(const Item& args, bool v3);
   Item reduce_parameter(const Item& args);
@@ -838,6 +841,7 @@ void Machine::memo_get(std::uint64_t index) {
 GlobalRef Machine::resolve_global(std::string_view module, std::string_view name) const {
   constexpr DType kNoDType = DType::uint8;
   if (module == "collections" && name == "OrderedDict") return {GlobalKind::ordered_dict, kNoDType};
+  if (module == "collections" && name == "Counter") return {GlobalKind::counter, kNoDType};
   if (module == "torch._utils") {
     if (name == "_rebuild_tensor_v2") return {GlobalKind::rebuild_tensor_v2, kNoDType};
     if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3, kNoDType};
@@ -1033,6 +1037,7 @@ void Machine::do_reduce() {
   }
   switch (callable.global.kind) {
     case GlobalKind::ordered_dict: push(reduce_ordered_dict(args)); return;
+    case GlobalKind::counter: push(reduce_counter(args)); return;
     case GlobalKind::rebuild_tensor_v2: push(reduce_tensor(args, false)); return;
     case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(args, true)); return;
     case GlobalKind::rebuild_parameter: push(reduce_parameter(args)); return;
@@ -1072,6 +1077,28 @@ Item Machine::reduce_ordered_dict(const Item& args) {
   // args = (items,) with items = [(key, value), ...]: the dict sits two levels
   // shallower than the argument tuple and holds the same nodes.
   item.depth = std::max<std::uint32_t>(1, args.depth - 2);
+  item.nodes = args.nodes;
+  item.holds_mutable = true;
+  return item;
+}
+
+// Counter() or Counter({key: count, ...}): how torch 2.x pickles MultiStepLR's
+// milestones. Read as a plain dict of int counts (docs/format.md).
+Item Machine::reduce_counter(const Item& args) {
+  if (tuple_size(args) == 0) return empty_container_item(ValueKind::dict);
+  if (tuple_size(args) != 1 || value_kind(element(args, 0)) != ValueKind::dict) {
+    error(ErrorCode::pickle_call_args_invalid, "collections.Counter takes () or one dict of counts");
+  }
+  const Value counts = take_value(element(args, 0), "the Counter's counts");
+  for (const auto& [key, count] : counts.as_dict()) {
+    if (!count.is_int()) {
+      error(ErrorCode::pickle_call_args_invalid, "the Counter count of key ", printable(key.to_string()), " is a ",
+            value_kind_name(count.kind()), ", not an int");
+    }
+  }
+  Item item = value_item(Value::dict(counts.as_dict()));
+  // args = (counts,): the dict sits one level shallower and holds the same nodes.
+  item.depth = std::max<std::uint32_t>(1, args.depth - 1);
   item.nodes = args.nodes;
   item.holds_mutable = true;
   return item;

@@ -283,6 +283,40 @@ TEST(PickleReader, ReadsPython2OrderedDictReduce) {
   EXPECT_TRUE(equal_content(read_value(tuples), root));
 }
 
+TEST(PickleReader, ReadsTorch2MultiStepLrCounterAsADictOfCounts) {
+  // torch 2.x: MultiStepLR's milestones Counter({2: 1, 5: 2}) = Counter.__reduce__ (cls, (dict,)).
+  PickleBuilder p;
+  p.proto().empty_dict().str("milestones").global("collections", "Counter").empty_dict().mark();
+  p.integer(2).integer(1).integer(5).integer(2).setitems().tuple1().reduce().setitem().stop();
+  const Value root = read_value(p);
+  const Value& milestones = root.as_dict().at("milestones");
+  ASSERT_TRUE(milestones.is_dict());
+  EXPECT_FALSE(milestones.is_ordered_dict());
+  ASSERT_EQ(milestones.as_dict().size(), 2u);
+  EXPECT_EQ(milestones.as_dict().at(DictKey(2)).as_int(), 1);
+  EXPECT_EQ(milestones.as_dict().at(DictKey(5)).as_int(), 2);
+  PickleBuilder empty;
+  empty.proto().global("collections", "Counter").empty_tuple().reduce().stop();
+  EXPECT_TRUE(read_value(empty).is_dict());
+  EXPECT_TRUE(read_value(empty).as_dict().empty());
+}
+
+TEST(PickleReader, RejectsCountersThatAreNotADictOfIntCounts) {
+  PickleBuilder list_argument;  // Counter([2, 5]) counts an iterable: a call, not data
+  list_argument.proto().global("collections", "Counter").empty_list().integer(2).append().tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read_value(list_argument), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder float_count;
+  float_count.proto().global("collections", "Counter").empty_dict().integer(2).str("x").setitem();
+  float_count.tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read_value(float_count), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder two_arguments;
+  two_arguments.proto().global("collections", "Counter").empty_dict().empty_dict().tuple2().reduce().stop();
+  EXPECT_ERROR_CODE(read_value(two_arguments), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder other_collection;  // only OrderedDict and Counter are allowlisted
+  other_collection.proto().global("collections", "defaultdict").empty_tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read_value(other_collection), ErrorCode::pickle_global_forbidden);
+}
+
 TEST(PickleReader, ReadsCodecsEncodeAsBytes) {
   // bytes at protocol 2: _codecs.encode('\x00\xe9\xff', 'latin1').
   PickleBuilder p;
@@ -469,7 +503,8 @@ TEST(PickleReader, RejectsGlobalsOutsideTheAllowlist) {
       {"torch.nn.parameter", "Parameter"},
       {"numpy.core.multiarray", "_reconstruct"},
       {"numpy", "ndarray"},
-      {"collections", "Counter"},
+      {"collections", "defaultdict"},
+      {"collections", "deque"},
       {"_codecs", "decode"},
       {"codecs", "encode"},
       {"torch", "float"},  // an alias, never what torch pickles
