@@ -39,10 +39,15 @@ if(TARGET holdpoint)
   install(TARGETS holdpoint RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 if(TARGET holdpoint-doctor)
-  # LibTorch's shared libraries usually live outside the linker's default
-  # directories (a wheel's torch/lib): the installed program keeps the
-  # directories it was linked against as its run path.
-  set_target_properties(holdpoint-doctor PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+  # A wheel's LibTorch lives in torch/lib, outside the loader's default
+  # directories, and is linked by a raw linker flag that CMake's run-path
+  # logic does not see: name its folder. Without it the installed doctor
+  # would load whatever libtorch the system has (or none).
+  # TORCH_LIBRARY: libtorch.so, found by TorchConfig.cmake.
+  get_filename_component(holdpoint_torch_library_dir "${TORCH_LIBRARY}" DIRECTORY)
+  if(NOT holdpoint_torch_library_dir IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
+    set_target_properties(holdpoint-doctor PROPERTIES INSTALL_RPATH "${holdpoint_torch_library_dir}")
+  endif()
   install(TARGETS holdpoint-doctor RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 
