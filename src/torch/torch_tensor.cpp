@@ -36,8 +36,21 @@ std::optional<c10::ScalarType> to_scalar_type(DType dtype) noexcept {
     case DType::float8_e5m2: return c10::ScalarType::Float8_e5m2;
     case DType::float8_e4m3fnuz: return c10::ScalarType::Float8_e4m3fnuz;
     case DType::float8_e5m2fnuz: return c10::ScalarType::Float8_e5m2fnuz;
+    case DType::bits1x8: return c10::ScalarType::Bits1x8;
+    case DType::bits2x4: return c10::ScalarType::Bits2x4;
+    case DType::bits4x2: return c10::ScalarType::Bits4x2;
+    case DType::bits8: return c10::ScalarType::Bits8;
+    case DType::bits16: return c10::ScalarType::Bits16;
 #endif
-    default: return std::nullopt;  // not a scalar type of this LibTorch (1.13 has no unsigned > 8 bit or float8)
+#if HOLDPOINT_LIBTORCH_AT_LEAST(2, 7)
+    case DType::float8_e8m0fnu: return c10::ScalarType::Float8_e8m0fnu;
+#endif
+#if HOLDPOINT_LIBTORCH_AT_LEAST(2, 8)
+    case DType::float4_e2m1fn_x2: return c10::ScalarType::Float4_e2m1fn_x2;
+#endif
+    // Not a scalar type of this LibTorch (1.13 has no unsigned > 8 bit, float8 or
+    // bits types), or a safetensors-only sub-byte type (float4_e2m1fn, float6_*).
+    default: return std::nullopt;
   }
 }
 
@@ -64,6 +77,17 @@ DType from_scalar_type(c10::ScalarType type) {
     case c10::ScalarType::Float8_e5m2: return DType::float8_e5m2;
     case c10::ScalarType::Float8_e4m3fnuz: return DType::float8_e4m3fnuz;
     case c10::ScalarType::Float8_e5m2fnuz: return DType::float8_e5m2fnuz;
+    case c10::ScalarType::Bits1x8: return DType::bits1x8;
+    case c10::ScalarType::Bits2x4: return DType::bits2x4;
+    case c10::ScalarType::Bits4x2: return DType::bits4x2;
+    case c10::ScalarType::Bits8: return DType::bits8;
+    case c10::ScalarType::Bits16: return DType::bits16;
+#endif
+#if HOLDPOINT_LIBTORCH_AT_LEAST(2, 7)
+    case c10::ScalarType::Float8_e8m0fnu: return DType::float8_e8m0fnu;
+#endif
+#if HOLDPOINT_LIBTORCH_AT_LEAST(2, 8)
+    case c10::ScalarType::Float4_e2m1fn_x2: return DType::float4_e2m1fn_x2;
 #endif
     default: break;
   }

@@ -29,7 +29,10 @@ def tensor_bytes(t):
 
 
 def storage_identity(t):
-    return t.storage()._storage._cdata
+    """The StorageImpl address: what torch.save's legacy format uses as the storage key."""
+    if hasattr(t, "untyped_storage"):  # torch 2.x
+        return t.untyped_storage()._cdata
+    return t.storage()._storage._cdata  # torch 1.13
 
 
 class LiveEncoder:

@@ -3,7 +3,7 @@ I/O), expected digests and sha256sum sidecars, JSON reports, `convert` in both
 directions (checked against what Python's torch wrote and what it loads back), and
 `codes` against the X-macro list in include/holdpoint/error.h.
 
-Run by ctest with Debian's /usr/bin/python3 (torch 1.13)."""
+Run by ctest with the oracle Python (torch 2.13)."""
 
 import hashlib
 import json

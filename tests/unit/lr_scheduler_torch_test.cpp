@@ -668,7 +668,14 @@ TEST(LRSchedulerRejects, ChangedLoadBearingParameters) {
 
   Stepped cycle = stepped(case_named("OneCycleLR_cos_sgd_momentum"), 12);
   expect_rejected(*cycle.scheduler, *cycle.optimizer,
-                  with_entry(cycle.state, "anneal_strategy", Value::string("linear")), ErrorCode::state_value_invalid);
+                  with_entry(cycle.state, "_anneal_func_type", Value::string("linear")), ErrorCode::state_value_invalid);
+  // holdpoint's files from the torch 1.13 era named it anneal_strategy; still checked.
+  const Value renamed = without_entry(with_entry(cycle.state, "anneal_strategy", Value::string("linear")),
+                                      "_anneal_func_type");
+  expect_rejected(*cycle.scheduler, *cycle.optimizer, renamed, ErrorCode::state_value_invalid);
+  // Both names at once is not a layout any writer produced.
+  expect_rejected(*cycle.scheduler, *cycle.optimizer,
+                  with_entry(cycle.state, "anneal_strategy", Value::string("cos")), ErrorCode::state_key_unknown);
   expect_rejected(*cycle.scheduler, *cycle.optimizer, with_entry(cycle.state, "total_steps", Value::integer(61)),
                   ErrorCode::state_value_invalid);
   expect_rejected(*cycle.scheduler, *cycle.optimizer, with_entry(cycle.state, "use_beta1", Value::boolean(true)),
@@ -726,8 +733,39 @@ TEST(LRSchedulerRejects, CountersOutOfRange) {
                   ErrorCode::state_value_invalid);
   expect_rejected(*plateau.scheduler, *plateau.optimizer, without_entry(plateau.state, "_last_lr"),
                   ErrorCode::state_key_missing);
-  expect_rejected(*plateau.scheduler, *plateau.optimizer, with_entry(plateau.state, "last_epoch", Value::integer(0)),
-                  ErrorCode::state_key_unknown);
+  // This scheduler was given one min_lr per group, so Python keeps no default_min_lr (None).
+  expect_rejected(*plateau.scheduler, *plateau.optimizer,
+                  with_entry(plateau.state, "default_min_lr", Value::floating(0.5)), ErrorCode::state_type_invalid);
+  expect_rejected(*plateau.scheduler, *plateau.optimizer, with_entry(plateau.state, "verbose", Value::integer(1)),
+                  ErrorCode::state_type_invalid);
+  expect_rejected(*s.scheduler, *s.optimizer, with_entry(s.state, "_is_initial", Value::string("no")),
+                  ErrorCode::state_type_invalid);
+}
+
+// Layouts older torch versions wrote still load: torch 1.13's 'verbose' and no
+// '_is_initial'; ReduceLROnPlateau without 'default_min_lr' and, before its
+// first step, without '_last_lr'; OneCycleLR's anneal_strategy (holdpoint's
+// name for it then).
+TEST(LRSchedulerLayouts, Torch113LayoutsStillLoad) {
+  Stepped s = stepped(case_named("StepLR_two_groups"), 9);
+  const Value old_step = with_entry(without_entry(s.state, "_is_initial"), "verbose", Value::boolean(false));
+  EXPECT_NO_THROW(s.scheduler->validate(old_step));
+  s.scheduler->apply(old_step);
+  EXPECT_EQ(describe_difference(s.state, s.scheduler->capture(CaptureMode::copy)), "");
+
+  Stepped cycle = stepped(case_named("OneCycleLR_cos_sgd_momentum"), 12);
+  const Value old_cycle = without_entry(
+      with_entry(cycle.state, "anneal_strategy", cycle.state.as_dict().at("_anneal_func_type")), "_anneal_func_type");
+  EXPECT_NO_THROW(cycle.scheduler->validate(old_cycle));
+  cycle.scheduler->apply(old_cycle);
+  EXPECT_EQ(describe_difference(cycle.state, cycle.scheduler->capture(CaptureMode::copy)), "");
+
+  Stepped fresh_plateau = stepped(case_named("ReduceLROnPlateau_min_rel_cooldown"), 0);
+  const Value old_plateau = with_entry(
+      without_entry(without_entry(fresh_plateau.state, "default_min_lr"), "_last_lr"), "verbose", Value::boolean(false));
+  EXPECT_NO_THROW(fresh_plateau.scheduler->validate(old_plateau));
+  Stepped plateau = stepped(case_named("ReduceLROnPlateau_min_rel_cooldown"), 20);
+  EXPECT_NO_THROW(plateau.scheduler->validate(without_entry(plateau.state, "default_min_lr")));
 }
 
 // ---- construction and stepping errors ------------------------------------------------

@@ -27,8 +27,6 @@ using holdpoint::testing::write_file_bytes;
 
 using Bytes = std::vector<std::byte>;
 
-constexpr const char* kPython = "/usr/bin/python3";
-
 // ---- helpers ------------------------------------------------------------------------
 
 Bytes le64(std::uint64_t value) {
@@ -135,29 +133,18 @@ std::string hex_of(std::string_view text) {
   return out;
 }
 
-// Runs /usr/bin/python3 on `script` with `arguments`; returns stdout and
+// Runs the oracle Python on `script` with `arguments`; returns its output and
 // fails the test on a non-zero exit.
 std::string run_python(const TempDir& dir, std::string_view script, const std::vector<std::string>& arguments) {
   const auto script_path = dir / "oracle.py";
   write_file_bytes(script_path, bytes_of(script));
-  std::string command = std::string(kPython) + " '" + script_path.string() + "'";
-  for (const auto& argument : arguments) command += " '" + argument + "'";
-  command += " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) {
-    ADD_FAILURE() << "popen failed for " << command;
-    return {};
-  }
-  std::string output;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  EXPECT_EQ(status, 0) << "python failed:\n" << output;
-  return output;
+  std::string quoted;
+  for (const auto& argument : arguments) quoted += " '" + argument + "'";
+  const auto run = holdpoint::testing::run_python(holdpoint::testing::oracle_python(), script_path, quoted);
+  EXPECT_EQ(run.status, 0) << "python failed:\n" << run.output;
+  return run.output;
 }
 
-bool have_python() { return std::filesystem::exists(kPython); }
 
 // ---- the independent Python oracles -------------------------------------------------
 
@@ -230,7 +217,6 @@ print('OK')
 constexpr std::string_view kLfsPointer = "inkwash_git_lfs_pointer_learned_embeds.safetensors";
 
 TEST(SafetensorsCorpus, EveryRealFileMatchesAnIndependentHeaderDecode) {
-  if (!have_python()) GTEST_SKIP() << kPython << " is not installed";
   TempDir dir;
   std::size_t files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(corpus_dir() / "safetensors")) {
@@ -456,7 +442,6 @@ TEST(SafetensorsWriter, HeaderKeepsTheMappingOrderAndDataIsAligned) {
 }
 
 TEST(SafetensorsWriter, OurFilesPassAnIndependentPythonReader) {
-  if (!have_python()) GTEST_SKIP() << kPython << " is not installed";
   TempDir dir;
   std::vector<std::pair<std::string, TensorData>> entries;
   for (std::size_t i = 0; i < kDTypeCount; ++i) {

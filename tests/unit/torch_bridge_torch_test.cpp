@@ -1,6 +1,8 @@
 // at::Tensor <-> holdpoint round trips through real files: every LibTorch 1.13
-// dtype, 0-d/empty/strided views, shared storages, zero-copy loading.
+// dtype and those added since (on LibTorch 2.x), 0-d/empty/strided views,
+// shared storages, zero-copy loading.
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "holdpoint/checkpoint_mapping.h"
 #include "holdpoint/torch_tensor.h"
@@ -145,11 +147,65 @@ TEST(TorchBridge, UnsupportedKindsAreRefusedWithTheirCode) {
   const at::Tensor sparse = at::eye(3).to_sparse();
   EXPECT_ERROR_CODE(from_at_tensor(sparse), ErrorCode::dtype_unsupported);
   EXPECT_ERROR_CODE(from_at_tensor(at::Tensor()), ErrorCode::invalid_argument);
+  // safetensors' F4 (one float4 per 4 bits) has no scalar type in any LibTorch.
+  const std::uint8_t two_float4s = 0x21;
+  const TensorData float4 = TensorData::from_bytes(
+      DType::float4_e2m1fn, {2}, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&two_float4s), 1));
+  EXPECT_ERROR_CODE(to_at_tensor(float4), ErrorCode::dtype_unsupported);
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 3)
+  // LibTorch before 2.3 has no uint16.
   const std::uint16_t value = 7;
   const TensorData uint16 = TensorData::from_bytes(
       DType::uint16, {1}, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&value), 2));
   EXPECT_ERROR_CODE(to_at_tensor(uint16), ErrorCode::dtype_unsupported);
+#endif
 }
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+// The scalar types LibTorch added after 1.13 (uint16/32/64, the float8
+// variants, float8_e8m0fnu, float4_e2m1fn_x2, bits*): through a real file and
+// back, bit for bit, with holdpoint's dtype names and the same storage sharing.
+TEST(TorchBridge, DtypesAddedSinceLibTorch113RoundTripBitExactly) {
+  TempDir dir;
+  const std::vector<std::pair<c10::ScalarType, DType>> types = {
+      {c10::ScalarType::UInt16, DType::uint16},
+      {c10::ScalarType::UInt32, DType::uint32},
+      {c10::ScalarType::UInt64, DType::uint64},
+      {c10::ScalarType::Float8_e4m3fn, DType::float8_e4m3fn},
+      {c10::ScalarType::Float8_e5m2, DType::float8_e5m2},
+      {c10::ScalarType::Float8_e4m3fnuz, DType::float8_e4m3fnuz},
+      {c10::ScalarType::Float8_e5m2fnuz, DType::float8_e5m2fnuz},
+      {c10::ScalarType::Bits1x8, DType::bits1x8},
+      {c10::ScalarType::Bits2x4, DType::bits2x4},
+      {c10::ScalarType::Bits4x2, DType::bits4x2},
+      {c10::ScalarType::Bits8, DType::bits8},
+      {c10::ScalarType::Bits16, DType::bits16},
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 7
+      {c10::ScalarType::Float8_e8m0fnu, DType::float8_e8m0fnu},
+#endif
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 8
+      {c10::ScalarType::Float4_e2m1fn_x2, DType::float4_e2m1fn_x2},
+#endif
+  };
+  Dict entries;
+  std::vector<at::Tensor> originals;
+  for (const auto& [type, dtype] : types) {
+    // No clone: LibTorch has no copy kernel for the bits types.
+    at::Tensor t = at::randint(0, 256, {12 * static_cast<std::int64_t>(c10::elementSize(type))}, at::kByte)
+                       .view(type)
+                       .reshape({3, 4});
+    EXPECT_EQ(from_at_tensor(t).dtype, dtype) << c10::toString(type);
+    EXPECT_EQ(to_scalar_type(dtype), std::optional<c10::ScalarType>(type)) << c10::toString(type);
+    originals.push_back(t);
+    entries.insert(std::string(dtype_name(dtype)), tensor_value(t));
+  }
+  const LoadedMapping loaded = save_and_load(Value::dict(std::move(entries)), dir / "new_dtypes.pt");
+  for (std::size_t i = 0; i < types.size(); ++i) {
+    const at::Tensor back = to_at_tensor(loaded.root.as_dict().at(std::string(dtype_name(types[i].second))).as_tensor());
+    EXPECT_TRUE(bitwise_equal(back, originals[i])) << c10::toString(types[i].first);
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace holdpoint

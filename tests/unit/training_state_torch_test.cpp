@@ -1,5 +1,6 @@
 // TrainingState: schema-qualified save and transactional load, and every way a
 // load can be refused, each proven to leave the live state bit-identical.
+#include <torch/version.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -163,7 +164,7 @@ TEST(TrainingState, ManifestRecordsIdentityVersionsAndDigests) {
   EXPECT_EQ(manifest.semantic_identity, "test-run");
   EXPECT_EQ(manifest.code_identity, "git:abc123");
   EXPECT_EQ(manifest.data_identity, "dataset-v2");
-  EXPECT_EQ(manifest.libtorch_version, "1.13.0");
+  EXPECT_EQ(manifest.libtorch_version, TORCH_VERSION);  // the LibTorch this test was built with
   ASSERT_NE(manifest.component("model"), nullptr);
   StorageDigests digests;
   EXPECT_EQ(component_digest(mapping.root.as_dict().at("model"), digests), manifest.component("model")->sha256);
