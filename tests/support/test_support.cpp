@@ -76,6 +76,15 @@ std::string oracle_python() {
 
 std::string compat_python() { return HOLDPOINT_COMPAT_PYTHON; }
 
+std::vector<std::vector<double>> number_rows(const Value& rows) {
+  std::vector<std::vector<double>> out;
+  for (const Value& row : rows.as_list()) {
+    out.emplace_back();
+    for (const Value& item : row.as_list()) out.back().push_back(item.as_number());
+  }
+  return out;
+}
+
 PythonRun run_python(const std::string& interpreter, const std::filesystem::path& script, const std::string& arguments,
                      const std::filesystem::path& stdin_path) {
   std::string command = "cd /tmp && '" + interpreter + "' '" + script.string() + "' " + arguments;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "holdpoint/error.h"
+#include "holdpoint/value.h"
 
 namespace holdpoint::testing {
 
@@ -58,6 +59,10 @@ std::filesystem::path corpus_dir();  // tests/corpus (a copy of the shared corpu
 // empty when none was found, and the tests that need it skip.
 std::string oracle_python();
 std::string compat_python();
+
+// A list of lists of numbers (as Python's torch.save writes rows of learning
+// rates or scales) as doubles; ints and 0-d float64 tensors included.
+std::vector<std::vector<double>> number_rows(const Value& rows);
 
 struct PythonRun {
   int status = -1;     // the exit status (-1: could not run)

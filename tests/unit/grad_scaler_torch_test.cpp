@@ -309,15 +309,6 @@ std::vector<std::vector<double>> drive_rows(GradScaler& scaler, torch::optim::Op
   return rows;
 }
 
-std::vector<std::vector<double>> rows_of(const Value& value) {
-  std::vector<std::vector<double>> rows;
-  for (const Value& row : value.as_list()) {
-    rows.emplace_back();
-    for (const Value& item : row.as_list()) rows.back().push_back(item.as_number());
-  }
-  return rows;
-}
-
 TEST(GradScalerInterop, StatesContinueStepForStepInBothDirections) {
   at::Tensor param = at::ones({2}).set_requires_grad(true);
   torch::optim::SGD optimizer({param}, torch::optim::SGDOptions(0.0));
@@ -336,7 +327,7 @@ TEST(GradScalerInterop, StatesContinueStepForStepInBothDirections) {
   const Value result = load_checkpoint_mapping(directory / "python.pt").root;
   EXPECT_TRUE(result.as_dict().at("enabled").as_bool());
   // C++ -> Python: Python's load_state_dict continues holdpoint's state.
-  EXPECT_EQ(rows_of(result.as_dict().at("continued_rows")), cpp_rows);
+  EXPECT_EQ(testing::number_rows(result.as_dict().at("continued_rows")), cpp_rows);
 
   // Python -> C++: Python's own file, through the untrusted reader, into a
   // scaler constructed with another initial scale.
@@ -345,7 +336,7 @@ TEST(GradScalerInterop, StatesContinueStepForStepInBothDirections) {
   ASSERT_NO_THROW(from_python.validate(python_state));
   from_python.apply(python_state);
   EXPECT_EQ(from_python.skipped_steps(), 0);  // holdpoint's own count: Python has none
-  const auto python_rows = rows_of(result.as_dict().at("python_rows"));
+  const auto python_rows = testing::number_rows(result.as_dict().at("python_rows"));
   EXPECT_EQ(drive_rows(from_python, optimizer, param, kAfterCut), python_rows);
   EXPECT_EQ(python_rows, cpp_rows);  // the same rule on both sides
 }

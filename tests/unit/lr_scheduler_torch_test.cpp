@@ -236,15 +236,6 @@ Trace uninterrupted(const Case& c, LiveSchedule& run) {
   return trace;
 }
 
-std::vector<std::vector<double>> rows_of(const Value& value) {
-  std::vector<std::vector<double>> rows;
-  for (const Value& row : value.as_list()) {
-    rows.emplace_back();
-    for (const Value& item : row.as_list()) rows.back().push_back(item.as_number());
-  }
-  return rows;
-}
-
 // Empty when equal bit for bit; else the first difference, in hex.
 std::string bitwise_difference(const std::vector<std::vector<double>>& expected,
                                const std::vector<std::vector<double>>& actual, std::size_t first_row = 0) {
@@ -354,8 +345,8 @@ TEST_P(SchedulerMatchesPython, LearningRatesMomentaAndStateAreBitIdentical) {
   const Value python = reference(c.name);
   LiveSchedule run = start(c);
   const Trace trace = uninterrupted(c, run);
-  EXPECT_EQ(bitwise_difference(rows_of(python.as_dict().at("lrs")), trace.lrs), "") << "learning rates";
-  EXPECT_EQ(bitwise_difference(rows_of(python.as_dict().at("momenta")), trace.momenta), "") << "momenta";
+  EXPECT_EQ(bitwise_difference(testing::number_rows(python.as_dict().at("lrs")), trace.lrs), "") << "learning rates";
+  EXPECT_EQ(bitwise_difference(testing::number_rows(python.as_dict().at("momenta")), trace.momenta), "") << "momenta";
   // Same keys in the same order, same kinds, same values (doubles bitwise).
   EXPECT_EQ(describe_difference(python.as_dict().at("state"), run.scheduler->capture(CaptureMode::copy)), "");
   // What Python writes is also what validate accepts.
@@ -380,8 +371,8 @@ TEST_P(SchedulerMatchesPython, PythonStateContinuesBitIdenticallyInCpp) {
     step(resumed, c, i);
     record(trace, resumed);
   }
-  EXPECT_EQ(bitwise_difference(rows_of(python.as_dict().at("lrs")), trace.lrs, kInteropCut), "") << "learning rates";
-  EXPECT_EQ(bitwise_difference(rows_of(python.as_dict().at("momenta")), trace.momenta, kInteropCut), "") << "momenta";
+  EXPECT_EQ(bitwise_difference(testing::number_rows(python.as_dict().at("lrs")), trace.lrs, kInteropCut), "") << "learning rates";
+  EXPECT_EQ(bitwise_difference(testing::number_rows(python.as_dict().at("momenta")), trace.momenta, kInteropCut), "") << "momenta";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchedulers, SchedulerMatchesPython, ::testing::ValuesIn(all_cases()),
@@ -483,7 +474,7 @@ torch.save({'lrs': rows, 'state': scheduler.state_dict()}, OUT + '/python.pt')
       "'" + directory.path().string() + "' '" + (directory / "cpp.pt").string() + "' " + std::to_string(kMore));
   ASSERT_EQ(python.status, 0) << python.output;
   const Value result = load_checkpoint_mapping(directory / "python.pt").root;
-  EXPECT_EQ(bitwise_difference(rows_of(result.as_dict().at("lrs")), cpp.lrs), "");
+  EXPECT_EQ(bitwise_difference(testing::number_rows(result.as_dict().at("lrs")), cpp.lrs), "");
   EXPECT_EQ(describe_difference(result.as_dict().at("state"), run.scheduler->capture(CaptureMode::copy)), "");
 }
 
@@ -553,8 +544,8 @@ def resume(name, kind, lrs, momentum, make, metric_sign):
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(c.name);
     const Value continued = load_checkpoint_mapping(directory / (c.name + ".continued.pt")).root;
-    EXPECT_EQ(bitwise_difference(rows_of(continued.as_dict().at("lrs")), expected[index].lrs), "") << "learning rates";
-    EXPECT_EQ(bitwise_difference(rows_of(continued.as_dict().at("momenta")), expected[index].momenta), "")
+    EXPECT_EQ(bitwise_difference(testing::number_rows(continued.as_dict().at("lrs")), expected[index].lrs), "") << "learning rates";
+    EXPECT_EQ(bitwise_difference(testing::number_rows(continued.as_dict().at("momenta")), expected[index].momenta), "")
         << "momenta";
     ++index;
   }

@@ -19,6 +19,7 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstdio>
@@ -783,9 +784,14 @@ struct CrossLanguageCase {
 // mul_().add_(), which rounds differently in the last bit or two. The state
 // crosses the language boundary bit for bit (checked separately); the step
 // after it is then equal up to that rounding, and bit for bit everywhere else.
+// On the second configuration, LibTorch 1.13's Adagrad step also rounds
+// differently (1 ulp seen) from torch 2.13's Python one; LibTorch 2.13's
+// equals it bit for bit.
 std::int64_t allowed_ulps(const std::string& name) {
   const bool lerp = name.rfind("Adam", 0) == 0 || name.rfind("RmspropCentered", 0) == 0;
-  return lerp ? 8 : 0;
+  if (lerp) return 8;
+  if (TORCH_VERSION_MAJOR < 2 && name.rfind("Adagrad", 0) == 0) return 4;
+  return 0;
 }
 
 // Empty when the two trees are equal up to `ulps` units in the last place in
