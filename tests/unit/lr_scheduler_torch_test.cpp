@@ -282,6 +282,17 @@ def make_opt(kind, lrs, momentum):
 def momenta(opt):
     return [g['betas'][0] if 'betas' in g else g['momentum'] for g in opt.param_groups]
 
+# One optimizer step, then one scheduler step (ReduceLROnPlateau on the i-th
+# metric); returns the groups' lrs and momenta after it. METRICS is defined by
+# each script.
+def step_once(opt, scheduler, metric_sign, i):
+    opt.step()
+    if metric_sign:
+        scheduler.step(metric_sign * METRICS[i])
+    else:
+        scheduler.step()
+    return [g['lr'] for g in opt.param_groups], momenta(opt)
+
 # holdpoint's one documented layout change: MultiStepLR's Counter -> dict.
 def holdpoint_layout(state):
     return {key: dict(value) if key == 'milestones' else value for key, value in state.items()}
@@ -303,13 +314,9 @@ def run(name, kind, lrs, momentum, make, metric_sign):
     lr_rows = [[g['lr'] for g in opt.param_groups]]
     momentum_rows = [momenta(opt)]
     for i in range(STEPS):
-        opt.step()
-        if metric_sign:
-            scheduler.step(metric_sign * METRICS[i])
-        else:
-            scheduler.step()
-        lr_rows.append([g['lr'] for g in opt.param_groups])
-        momentum_rows.append(momenta(opt))
+        lrs_now, momenta_now = step_once(opt, scheduler, metric_sign, i)
+        lr_rows.append(lrs_now)
+        momentum_rows.append(momenta_now)
         if i + 1 == CUT:  # the state as Python saves it, untouched
             torch.save({'scheduler': scheduler.state_dict()}, OUT + '/' + name + '.cut.pt')
     torch.save({'lrs': lr_rows, 'momenta': momentum_rows, 'state': holdpoint_layout(scheduler.state_dict())},
@@ -505,13 +512,9 @@ def resume(name, kind, lrs, momentum, make, metric_sign):
     set_momenta(opt, saved['momenta'])
     lr_rows, momentum_rows = [], []
     for i in range(CUT, STEPS):
-        opt.step()
-        if metric_sign:
-            scheduler.step(metric_sign * METRICS[i])
-        else:
-            scheduler.step()
-        lr_rows.append([g['lr'] for g in opt.param_groups])
-        momentum_rows.append(momenta(opt))
+        lrs_now, momenta_now = step_once(opt, scheduler, metric_sign, i)
+        lr_rows.append(lrs_now)
+        momentum_rows.append(momenta_now)
     torch.save({'lrs': lr_rows, 'momenta': momentum_rows}, OUT + '/' + name + '.continued.pt')
 )PY";
   const auto numbers = [](const std::vector<double>& values) {
