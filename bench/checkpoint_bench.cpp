@@ -28,9 +28,9 @@
 #include <thread>
 #include <vector>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/sha256.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/tensor/torch_tensor.h"
 
 namespace {
 

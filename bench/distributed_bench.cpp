@@ -40,11 +40,11 @@
 #include <thread>
 #include <vector>
 
-#include "holdpoint/distributed.h"
-#include "holdpoint/gloo_process_group.h"
-#include "holdpoint/module_state.h"
-#include "holdpoint/rng_registry.h"
-#include "holdpoint/sampler.h"
+#include "holdpoint/dist/distributed.h"
+#include "holdpoint/dist/gloo_process_group.h"
+#include "holdpoint/state/module_state.h"
+#include "holdpoint/state/rng_registry.h"
+#include "holdpoint/state/sampler.h"
 
 namespace {
 

@@ -44,11 +44,11 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/checkpoint_manager.h"
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/module_state.h"
-#include "holdpoint/sha256.h"
-#include "holdpoint/training_state.h"
+#include "holdpoint/checkpoint/checkpoint_manager.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/module_state.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/checkpoint/training_state.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 # CMakeLists.txt, once every target exists.
 #
 # Installed layout under the prefix:
-#   include/holdpoint/*.h               the public headers
+#   include/holdpoint/<layer>/*.h       the public headers
 #   lib/libholdpoint_*.a                the static libraries
 #   bin/holdpoint, bin/holdpoint-doctor the CLI (`holdpoint doctor` runs the
 #                                       holdpoint-doctor beside it)
@@ -15,8 +15,11 @@ include(CMakePackageConfigHelpers)
 # Consumers link holdpoint::core, holdpoint::torch and holdpoint::dist; the
 # component libraries are exported too because the static libraries link them.
 # The aliases let code in this tree use the same names.
-set(HOLDPOINT_EXPORTED_LIBRARIES holdpoint_base holdpoint_zip holdpoint_pickle holdpoint_safetensors holdpoint_core)
-foreach(optional_library holdpoint_torch holdpoint_dist)
+# (The layer libraries of docs/architecture.md; holdpoint_core and
+# holdpoint_torch are interface libraries that link them.)
+set(HOLDPOINT_EXPORTED_LIBRARIES holdpoint_base holdpoint_value holdpoint_zip holdpoint_pickle holdpoint_safetensors
+  holdpoint_format holdpoint_schema holdpoint_run holdpoint_verify holdpoint_core)
+foreach(optional_library holdpoint_tensor holdpoint_state holdpoint_checkpoint holdpoint_trainer holdpoint_torch holdpoint_dist)
   if(TARGET ${optional_library})
     list(APPEND HOLDPOINT_EXPORTED_LIBRARIES ${optional_library})
   endif()

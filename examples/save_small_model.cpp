@@ -9,8 +9,8 @@
 
 #include <iostream>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/tensor/torch_tensor.h"
 
 namespace {
 

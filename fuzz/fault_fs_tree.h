@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "holdpoint/error.h"
+#include "holdpoint/base/error.h"
 #include "support/fault_file_system.h"
 
 namespace holdpoint::fuzz {

@@ -12,11 +12,11 @@
 #include <span>
 #include <vector>
 
-#include "common/fail.h"
-#include "format/legacy_reader.h"
-#include "format/pickle_reader.h"
-#include "format/pickle_writer.h"
-#include "holdpoint/error.h"
+#include "base/fail.h"
+#include "format/pickle/legacy_reader.h"
+#include "format/pickle/pickle_reader.h"
+#include "format/pickle/pickle_writer.h"
+#include "holdpoint/base/error.h"
 
 namespace {
 

@@ -14,10 +14,10 @@
 #include <memory>
 #include <vector>
 
-#include "format/zip_writer.h"
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/error.h"
-#include "io/byte_sink.h"
+#include "format/zip/zip_writer.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/base/byte_sink.h"
 
 namespace {
 

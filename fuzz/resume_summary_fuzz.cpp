@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "holdpoint/error.h"
-#include "holdpoint/resume_verifier.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/verify/resume_verifier.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

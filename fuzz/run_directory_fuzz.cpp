@@ -42,11 +42,11 @@
 #include <vector>
 
 #include "format/pt_writer.h"
-#include "holdpoint/error.h"
-#include "holdpoint/manifest.h"
-#include "holdpoint/run_directory.h"
-#include "holdpoint/sha256.h"
-#include "io/byte_sink.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/run/run_directory.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/base/byte_sink.h"
 #include "fault_fs_tree.h"
 #include "support/fault_file_system.h"
 

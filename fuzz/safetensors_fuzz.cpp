@@ -9,9 +9,9 @@
 #include <memory>
 #include <span>
 
-#include "format/safetensors.h"
-#include "holdpoint/error.h"
-#include "io/byte_sink.h"
+#include "format/safetensors/safetensors.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/base/byte_sink.h"
 
 namespace {
 

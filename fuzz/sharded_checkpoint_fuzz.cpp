@@ -86,13 +86,13 @@
 #include <vector>
 
 #include "format/pt_writer.h"
-#include "holdpoint/error.h"
-#include "holdpoint/manifest.h"
-#include "holdpoint/run_directory.h"
-#include "holdpoint/sha256.h"
-#include "holdpoint/sharded_checkpoint.h"
-#include "io/byte_sink.h"
-#include "io/file_system.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/run/run_directory.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/run/sharded_checkpoint.h"
+#include "holdpoint/base/byte_sink.h"
+#include "holdpoint/base/file_system.h"
 #include "fault_fs_tree.h"
 #include "support/fault_file_system.h"
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <span>
 
-#include "format/zip_reader.h"
-#include "holdpoint/error.h"
+#include "format/zip/zip_reader.h"
+#include "holdpoint/base/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   holdpoint::Limits limits;

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/best_state.h"
+#include "holdpoint/state/best_state.h"
 #include "tiny_selection.h"
 
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/best_state.h"
+#include "holdpoint/state/best_state.h"
 
 namespace tiny_selection {
 

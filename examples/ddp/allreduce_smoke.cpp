@@ -40,8 +40,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "holdpoint/gloo_process_group.h"
-#include "holdpoint/sha256.h"
+#include "holdpoint/dist/gloo_process_group.h"
+#include "holdpoint/base/sha256.h"
 
 namespace {
 

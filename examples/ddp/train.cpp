@@ -1,6 +1,6 @@
 // The data-parallel example: a small CPU training run over a Gloo process
 // group whose checkpoints are sharded across the ranks
-// (holdpoint/distributed.h), driven by the resume verifier's CLI contract
+// (holdpoint/dist/distributed.h), driven by the resume verifier's CLI contract
 // (docs/verification.md) and used by the distributed crash and resume tests
 // (tests/python/test_ddp_checkpoint.py).
 //
@@ -101,17 +101,17 @@
 #include <thread>
 #include <vector>
 
-#include "holdpoint/distributed.h"
-#include "holdpoint/gloo_process_group.h"
-#include "holdpoint/lr_scheduler.h"
-#include "holdpoint/module_state.h"
-#include "holdpoint/optimizer_state.h"
-#include "holdpoint/progress.h"
-#include "holdpoint/rng_registry.h"
-#include "holdpoint/sampler.h"
-#include "holdpoint/sha256.h"
-#include "holdpoint/sharded_checkpoint.h"
-#include "holdpoint/training_state.h"
+#include "holdpoint/dist/distributed.h"
+#include "holdpoint/dist/gloo_process_group.h"
+#include "holdpoint/state/lr_scheduler.h"
+#include "holdpoint/state/module_state.h"
+#include "holdpoint/state/optimizer_state.h"
+#include "holdpoint/state/progress.h"
+#include "holdpoint/state/rng_registry.h"
+#include "holdpoint/state/sampler.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/run/sharded_checkpoint.h"
+#include "holdpoint/checkpoint/training_state.h"
 #include "holdpoint_version.h"
 
 extern char** environ;

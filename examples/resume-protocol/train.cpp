@@ -41,8 +41,8 @@
 #include <pcg_random.hpp>
 #include <random>
 
-#include "holdpoint/lr_scheduler.h"
-#include "holdpoint/trainer.h"
+#include "holdpoint/state/lr_scheduler.h"
+#include "holdpoint/trainer/trainer.h"
 #include "holdpoint_version.h"
 
 namespace {

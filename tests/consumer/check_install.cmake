@@ -21,8 +21,8 @@ file(MAKE_DIRECTORY ${work_dir})
 run_step("cmake --install" ${CMAKE_COMMAND} --install ${build_dir} --prefix ${prefix})
 
 # Every public header, the package files and both programs.
-file(GLOB public_headers RELATIVE ${public_header_dir} ${public_header_dir}/*.h)
-set(expected bin/holdpoint bin/holdpoint-doctor lib/libholdpoint_core.a lib/libholdpoint_torch.a
+file(GLOB_RECURSE public_headers RELATIVE ${public_header_dir} ${public_header_dir}/*.h)
+set(expected bin/holdpoint bin/holdpoint-doctor lib/libholdpoint_format.a lib/libholdpoint_run.a lib/libholdpoint_tensor.a lib/libholdpoint_checkpoint.a
   lib/cmake/holdpoint/holdpointConfig.cmake lib/cmake/holdpoint/holdpointConfigVersion.cmake
   lib/cmake/holdpoint/holdpointTargets.cmake lib/cmake/holdpoint/FindISAL.cmake)
 foreach(header IN LISTS public_headers)

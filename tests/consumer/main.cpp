@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/error.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/tensor/torch_tensor.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 """The holdpoint command line, end to end: exit codes (0 valid, 1 invalid, 2 usage or
 I/O), expected digests and sha256sum sidecars, JSON reports, `convert` in both
 directions (checked against what Python's torch wrote and what it loads back), and
-`codes` against the X-macro list in include/holdpoint/error.h.
+`codes` against the X-macro list in include/holdpoint/base/error.h.
 
 Run by ctest with the oracle Python (torch 2.13)."""
 
@@ -222,7 +222,7 @@ def check_safetensors_leading_whitespace(report, tmp):
 
 
 def check_codes(report):
-    with open(os.path.join(harness.SOURCE_DIR, "include", "holdpoint", "error.h"), encoding="utf-8") as f:
+    with open(os.path.join(harness.SOURCE_DIR, "include", "holdpoint", "base", "error.h"), encoding="utf-8") as f:
         declared = re.findall(r"^\s*X\(([a-z0-9_]+),", f.read(), re.MULTILINE)
     r = cli("codes")
     report.check(r.returncode == 0, f"codes: {r.describe()}")

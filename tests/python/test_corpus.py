@@ -42,7 +42,7 @@ VERDICTS = os.path.join(harness.SOURCE_DIR, "tests", "corpus_verdicts.tsv")
 
 
 def error_code_names():
-    with open(os.path.join(harness.SOURCE_DIR, "include", "holdpoint", "error.h"), encoding="utf-8") as f:
+    with open(os.path.join(harness.SOURCE_DIR, "include", "holdpoint", "base", "error.h"), encoding="utf-8") as f:
         return set(re.findall(r"^\s*X\((\w+),", f.read(), re.M))
 
 

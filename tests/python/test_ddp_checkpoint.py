@@ -1,5 +1,5 @@
 """Sharded checkpoints of a data-parallel run, end to end (examples/ddp/train.cpp,
-holdpoint/distributed.h): the launcher starts W ranks over Gloo on loopback, which save
+holdpoint/dist/distributed.h): the launcher starts W ranks over Gloo on loopback, which save
 through DistributedCheckpointer into a run directory.
 
 a. `holdpoint verify-resume` passes on the example with 2 and with 4 ranks: the resumed

@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "common/fail.h"
+#include "base/fail.h"
 
 namespace holdpoint::testing {
 

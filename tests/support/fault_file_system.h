@@ -57,7 +57,7 @@
 #include <string_view>
 #include <vector>
 
-#include "io/file_system.h"
+#include "holdpoint/base/file_system.h"
 
 namespace holdpoint::testing {
 

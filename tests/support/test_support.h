@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/error.h"
-#include "holdpoint/value.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/format/value.h"
 
 namespace holdpoint::testing {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "io/crc32.h"
+#include "base/crc32.h"
 
 namespace holdpoint::testing {
 namespace {

@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "format/pt_writer.h"
-#include "holdpoint/error.h"
-#include "holdpoint/manifest.h"
-#include "holdpoint/run_directory.h"
-#include "holdpoint/value.h"
-#include "io/byte_sink.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/run/run_directory.h"
+#include "holdpoint/format/value.h"
+#include "holdpoint/base/byte_sink.h"
 
 namespace {
 

@@ -41,14 +41,14 @@
 #include <vector>
 
 #include "format/pt_writer.h"
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/error.h"
-#include "holdpoint/manifest.h"
-#include "holdpoint/run_directory.h"
-#include "holdpoint/sharded_checkpoint.h"
-#include "holdpoint/value.h"
-#include "io/byte_sink.h"
-#include "io/file_system.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/run/run_directory.h"
+#include "holdpoint/run/sharded_checkpoint.h"
+#include "holdpoint/format/value.h"
+#include "holdpoint/base/byte_sink.h"
+#include "holdpoint/base/file_system.h"
 
 namespace {
 

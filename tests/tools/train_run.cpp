@@ -27,10 +27,10 @@
 #include <iostream>
 #include <thread>
 
-#include "holdpoint/lr_scheduler.h"
-#include "holdpoint/preemption.h"
-#include "holdpoint/sha256.h"
-#include "holdpoint/trainer.h"
+#include "holdpoint/state/lr_scheduler.h"
+#include "holdpoint/run/preemption.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/trainer/trainer.h"
 
 int main(int argc, char** argv) {
   std::filesystem::path run;

@@ -30,8 +30,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "holdpoint/lr_scheduler.h"
-#include "holdpoint/trainer.h"
+#include "holdpoint/state/lr_scheduler.h"
+#include "holdpoint/trainer/trainer.h"
 
 namespace {
 

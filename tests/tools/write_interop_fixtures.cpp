@@ -34,11 +34,11 @@
 #include <utility>
 #include <vector>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/dtype.h"
-#include "holdpoint/error.h"
-#include "holdpoint/sha256.h"
-#include "holdpoint/value.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/dtype.h"
+#include "holdpoint/base/error.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/format/value.h"
 
 namespace {
 

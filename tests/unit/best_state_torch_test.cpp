@@ -10,13 +10,13 @@
 #include <nlohmann/json.hpp>
 
 #include "../../examples/best-state/tiny_selection.h"
-#include "holdpoint/best_state.h"
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/component.h"
-#include "holdpoint/manifest.h"
-#include "holdpoint/module_state.h"
-#include "holdpoint/torch_tensor.h"
-#include "holdpoint/training_state.h"
+#include "holdpoint/state/best_state.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/component.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/state/module_state.h"
+#include "holdpoint/tensor/torch_tensor.h"
+#include "holdpoint/checkpoint/training_state.h"
 #include "support/fault_file_system.h"
 #include "support/test_support.h"
 

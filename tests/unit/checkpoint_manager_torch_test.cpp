@@ -14,11 +14,11 @@
 #include <fstream>
 #include <thread>
 
-#include "holdpoint/checkpoint_manager.h"
-#include "holdpoint/lr_scheduler.h"
-#include "holdpoint/preemption.h"
-#include "holdpoint/trainer.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/checkpoint/checkpoint_manager.h"
+#include "holdpoint/state/lr_scheduler.h"
+#include "holdpoint/run/preemption.h"
+#include "holdpoint/trainer/trainer.h"
+#include "holdpoint/tensor/torch_tensor.h"
 #include "support/fault_file_system.h"
 #include "support/test_support.h"
 

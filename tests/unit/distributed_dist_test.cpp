@@ -17,12 +17,12 @@
 #include <thread>
 #include <unistd.h>
 
-#include "holdpoint/distributed.h"
-#include "holdpoint/gloo_process_group.h"
-#include "holdpoint/rng_registry.h"
-#include "holdpoint/sampler.h"
-#include "holdpoint/sharded_checkpoint.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/dist/distributed.h"
+#include "holdpoint/dist/gloo_process_group.h"
+#include "holdpoint/state/rng_registry.h"
+#include "holdpoint/state/sampler.h"
+#include "holdpoint/run/sharded_checkpoint.h"
+#include "holdpoint/tensor/torch_tensor.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

@@ -11,7 +11,7 @@
 #include <set>
 #include <type_traits>
 
-#include "io/publish.h"
+#include "base/publish.h"
 #include "support/test_support.h"
 
 namespace holdpoint::testing {

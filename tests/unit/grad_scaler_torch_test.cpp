@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/grad_scaler.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/grad_scaler.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

@@ -2,7 +2,7 @@
 // files written by torch 2.13 (the oracle Python) with _use_new_zipfile_serialization=False
 // compared element by element, each rejection with its code, and the hostile
 // corpus refused quickly and without large allocations.
-#include "format/legacy_reader.h"
+#include "format/pickle/legacy_reader.h"
 
 #include <gtest/gtest.h>
 
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "format/pickle_opcodes.h"
-#include "format/pickle_reader.h"
-#include "holdpoint/error.h"
+#include "format/pickle/pickle_opcodes.h"
+#include "format/pickle/pickle_reader.h"
+#include "holdpoint/base/error.h"
 #include "support/test_support.h"
 #include "unit/pickle_builder.h"
 

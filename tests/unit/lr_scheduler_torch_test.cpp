@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/lr_scheduler.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/lr_scheduler.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

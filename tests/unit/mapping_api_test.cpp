@@ -8,10 +8,10 @@
 #include <numeric>
 
 #include "format/pt_reader.h"
-#include "format/zip_reader.h"
-#include "format/zip_writer.h"
-#include "holdpoint/checkpoint_mapping.h"
-#include "io/byte_sink.h"
+#include "format/zip/zip_reader.h"
+#include "format/zip/zip_writer.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/base/byte_sink.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

@@ -29,9 +29,9 @@
 #include <ostream>
 #include <span>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/optimizer_state.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/optimizer_state.h"
+#include "holdpoint/tensor/torch_tensor.h"
 #include "state/tensor_state.h"
 #include "support/test_support.h"
 

@@ -15,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/fail.h"
-#include "format/pickle_opcodes.h"
-#include "format/pickle_reader.h"
+#include "base/fail.h"
+#include "format/pickle/pickle_opcodes.h"
+#include "format/pickle/pickle_reader.h"
 
 namespace holdpoint::testing {
 

@@ -1,7 +1,7 @@
 // The restricted pickle VM: what honest torch.save output it accepts, and
 // every rejection of the format reference §7.4 ("Pickle", "Persistent id",
 // "Tensor geometry") with its own error code.
-#include "format/pickle_reader.h"
+#include "format/pickle/pickle_reader.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "format/pickle_opcodes.h"
-#include "holdpoint/error.h"
+#include "format/pickle/pickle_opcodes.h"
+#include "holdpoint/base/error.h"
 #include "support/test_support.h"
 #include "unit/pickle_builder.h"
 

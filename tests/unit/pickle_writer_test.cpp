@@ -3,7 +3,7 @@
 // compatibility mode, and what the writer refuses. Python is the oracle for
 // two differential checks: CPython's pickle, and torch 1.13's weights_only
 // unpickler.
-#include "format/pickle_writer.h"
+#include "format/pickle/pickle_writer.h"
 
 #include <gtest/gtest.h>
 
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "format/pickle_opcodes.h"
-#include "format/pickle_reader.h"
-#include "holdpoint/error.h"
+#include "format/pickle/pickle_opcodes.h"
+#include "format/pickle/pickle_reader.h"
+#include "holdpoint/base/error.h"
 #include "support/test_support.h"
 #include "unit/pickle_builder.h"
 

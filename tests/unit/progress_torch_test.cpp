@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/progress.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/progress.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

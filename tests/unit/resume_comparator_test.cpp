@@ -4,7 +4,7 @@
 #include <cstring>
 #include <limits>
 
-#include "holdpoint/resume_verifier.h"
+#include "holdpoint/verify/resume_verifier.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

@@ -11,9 +11,9 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/rng_registry.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/rng_registry.h"
+#include "holdpoint/tensor/torch_tensor.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

@@ -1,7 +1,7 @@
 // Run directories: layout, commit, recovery, retention, symlink refusals, and
 // the crash-consistency proofs (fault sweep, crash sweep, retention property
 // test) on the fault-injecting file system.
-#include "holdpoint/run_directory.h"
+#include "holdpoint/run/run_directory.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,10 +14,10 @@
 #include <set>
 
 #include "format/pt_writer.h"
-#include "holdpoint/manifest.h"
-#include "io/byte_sink.h"
-#include "io/file_system.h"
-#include "io/publish.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/base/byte_sink.h"
+#include "holdpoint/base/file_system.h"
+#include "base/publish.h"
 #include "support/fault_file_system.h"
 #include "support/test_support.h"
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "format/safetensors.h"
-#include "format/safetensors_json.h"
-#include "holdpoint/sha256.h"
-#include "io/byte_sink.h"
+#include "format/safetensors/safetensors.h"
+#include "format/safetensors/safetensors_json.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/base/byte_sink.h"
 #include "support/test_support.h"
 
 namespace holdpoint::format {

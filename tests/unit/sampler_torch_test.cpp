@@ -9,10 +9,10 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/rng_registry.h"
-#include "holdpoint/sampler.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/state/rng_registry.h"
+#include "holdpoint/state/sampler.h"
+#include "holdpoint/tensor/torch_tensor.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

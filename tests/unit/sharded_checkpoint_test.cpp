@@ -1,6 +1,6 @@
 // The torch-free parts of sharded checkpoints: names, the partition of
 // replicated state, the merge of its pieces, and the manifest's sharding field.
-#include "holdpoint/sharded_checkpoint.h"
+#include "holdpoint/run/sharded_checkpoint.h"
 
 #include <gtest/gtest.h>
 

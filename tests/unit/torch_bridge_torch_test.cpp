@@ -4,8 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/torch_tensor.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/tensor/torch_tensor.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

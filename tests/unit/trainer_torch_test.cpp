@@ -12,9 +12,9 @@
 
 #include <random>
 
-#include "holdpoint/grad_scaler.h"
-#include "holdpoint/lr_scheduler.h"
-#include "holdpoint/trainer.h"
+#include "holdpoint/state/grad_scaler.h"
+#include "holdpoint/state/lr_scheduler.h"
+#include "holdpoint/trainer/trainer.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

@@ -8,10 +8,10 @@
 
 #include <ATen/ops/randn.h>
 
-#include "holdpoint/module_state.h"
-#include "holdpoint/torch_tensor.h"
-#include "holdpoint/training_state.h"
-#include "holdpoint/trusted_load.h"
+#include "holdpoint/state/module_state.h"
+#include "holdpoint/tensor/torch_tensor.h"
+#include "holdpoint/checkpoint/training_state.h"
+#include "holdpoint/tensor/trusted_load.h"
 #include "support/test_support.h"
 
 namespace holdpoint {

@@ -1,15 +1,15 @@
 // The strict zip reader: round trips with ZipWriter, benign variants it must
 // accept, one malformed archive per check (each asserting its error code),
 // and single-byte corruption and truncation sweeps.
-#include "format/zip_reader.h"
+#include "format/zip/zip_reader.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 
-#include "format/zip_writer.h"
-#include "io/crc32.h"
+#include "format/zip/zip_writer.h"
+#include "base/crc32.h"
 #include "support/test_support.h"
 #include "support/zip_builder.h"
 

@@ -1,6 +1,6 @@
 // ZipWriter: byte fidelity with torch 1.13's PyTorchStreamWriter, streaming,
 // zip64, and the misuse contract.
-#include "format/zip_writer.h"
+#include "format/zip/zip_writer.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,9 +13,9 @@
 #include <fstream>
 #include <numeric>
 
-#include "format/zip_reader.h"
-#include "holdpoint/sha256.h"
-#include "io/crc32.h"
+#include "format/zip/zip_reader.h"
+#include "holdpoint/base/sha256.h"
+#include "base/crc32.h"
 #include "support/test_support.h"
 #include "support/zip_builder.h"
 

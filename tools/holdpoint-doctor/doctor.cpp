@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "holdpoint/resume_profile.h"
+#include "holdpoint/schema/resume_profile.h"
 #include "holdpoint_version.h"
 #include "python_probe.h"
 

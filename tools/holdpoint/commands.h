@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/error.h"
+#include "holdpoint/base/error.h"
 
 namespace holdpoint::cli {
 

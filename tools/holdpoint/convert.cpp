@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "commands.h"
-#include "holdpoint/checkpoint_mapping.h"
+#include "holdpoint/format/checkpoint_mapping.h"
 
 namespace holdpoint::cli {
 

@@ -31,11 +31,11 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "holdpoint/manifest.h"
-#include "holdpoint/sharded_checkpoint.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint_version.h"
-#include "io/file_system.h"
-#include "io/publish.h"
+#include "holdpoint/base/file_system.h"
+#include "base/publish.h"
 #include "run_directory_output.h"
 
 namespace holdpoint::cli {
@@ -532,7 +532,7 @@ class Exporter {
       }
       out << "\nShards have no sidecars: `holdpoint verify checkpoints/step-NNNNNNNN.pt` checks every shard\n"
           << "against its step manifest. Load them with `DistributedCheckpointer` (every rank) or\n"
-          << "`holdpoint::read_sharded_checkpoint` (holdpoint/sharded_checkpoint.h); `torch.load` of a step\n"
+          << "`holdpoint::read_sharded_checkpoint` (holdpoint/run/sharded_checkpoint.h); `torch.load` of a step\n"
           << "manifest returns only the manifest.\n";
     }
     out << "\n## Check the files\n\n"

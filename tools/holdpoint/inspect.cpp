@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/sharded_checkpoint.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/run/sharded_checkpoint.h"
 #include "value_json.h"
 
 namespace holdpoint::cli {

@@ -1,6 +1,6 @@
 #include "run_directory_output.h"
 
-#include "common/utc_time.h"
+#include "base/utc_time.h"
 
 #include <chrono>
 #include <ctime>

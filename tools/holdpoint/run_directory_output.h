@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "holdpoint/run_directory.h"
+#include "holdpoint/run/run_directory.h"
 
 namespace holdpoint::cli {
 

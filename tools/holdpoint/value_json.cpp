@@ -4,7 +4,7 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "holdpoint/sha256.h"
+#include "holdpoint/base/sha256.h"
 
 namespace holdpoint::cli {
 

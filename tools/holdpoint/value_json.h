@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "holdpoint/value.h"
+#include "holdpoint/format/value.h"
 
 namespace holdpoint::cli {
 

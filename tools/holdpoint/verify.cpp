@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "holdpoint/checkpoint_mapping.h"
-#include "holdpoint/manifest.h"
-#include "holdpoint/sharded_checkpoint.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/run/sharded_checkpoint.h"
 #include "run_directory_output.h"
 
 namespace holdpoint::cli {

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "commands.h"
-#include "holdpoint/resume_verifier.h"
+#include "holdpoint/verify/resume_verifier.h"
 
 namespace holdpoint::cli {
 

@@ -1,0 +1,116 @@
+// The checkpoint manifest: the "holdpoint" entry of every checkpoint file, which
+// says what the file is, what it may be used for, and how to check it.
+//
+// Layout (schema version 1; docs/resume-contract.md has the field table):
+//   schema "holdpoint.checkpoint", schema_version 1, kind ("resume" | "model" |
+//   "selection"), semantic_identity, profile, config {load_bearing, operational},
+//   config_identity {load_bearing_sha256, operational_sha256},
+//   components {name: {sha256, contract}}, versions {holdpoint, libtorch,
+//   compiler}, code_identity, data_identity, last_resume_drift (None or
+//   {field, from, to, at_step}).
+// Sharded checkpoints (docs/distributed.md) add two kinds and one field:
+//   kind "sharded"  the step manifest of a multi-rank generation. It holds no
+//                   component states; "sharding" = {world_size, step,
+//                   replicated: [names], rank_local: [names], shards: [{rank,
+//                   size, sha256}]}. Its "components" are empty: each shard's
+//                   own manifest carries the digests of what it holds.
+//   kind "shard"    one rank's file; "sharding" = {world_size, step, rank}.
+//   Shard files live beside the step manifest, at
+//   step-<8+ digits>.shards/rank-<5 digits>.pt; names are derived, never read
+//   from the file. Other kinds have no "sharding" field.
+// Reading fails closed: a missing field is schema_field_missing, an unknown one
+// schema_field_unknown, a wrong type or value schema_field_invalid, each naming
+// the field; another schema or version is schema_version_unsupported.
+//
+// A component's digest is the SHA-256 of a canonical encoding of its state in
+// which each tensor contributes its dtype, geometry and the SHA-256 of its
+// storage record, so writing a checkpoint hashes each tensor byte once, while
+// it streams.
+//
+// Thread-safety: plain value types.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "holdpoint/schema/config_identity.h"
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/format/value.h"
+
+namespace holdpoint {
+
+inline constexpr std::int64_t kCheckpointSchemaVersion = 1;
+inline constexpr std::string_view kCheckpointSchema = "holdpoint.checkpoint";
+inline constexpr std::string_view kManifestKey = "holdpoint";
+
+enum class CheckpointKind : std::uint8_t { resume, model, selection, sharded, shard };
+std::string_view checkpoint_kind_name(CheckpointKind kind) noexcept;
+
+struct ResumeDrift {
+  std::string field;  // "max_epochs"
+  std::int64_t from = 0;
+  std::int64_t to = 0;
+  std::int64_t at_step = 0;
+};
+
+struct ComponentRecord {
+  std::string name;
+  Sha256Digest sha256;
+  Value contract;
+};
+
+struct ShardRecord {
+  std::int64_t rank = 0;
+  std::uint64_t size = 0;
+  Sha256Digest sha256;
+};
+
+// What a step manifest or a shard says about the generation's sharding.
+struct Sharding {
+  std::int64_t world_size = 1;
+  std::int64_t step = 0;
+  std::int64_t rank = 0;                   // kind shard only
+  std::vector<std::string> replicated;     // kind sharded only: partitioned across the shards
+  std::vector<std::string> rank_local;     // kind sharded only: one state per shard
+  std::vector<ShardRecord> shards;         // kind sharded only: one per rank, by rank
+};
+
+struct Manifest {
+  CheckpointKind kind = CheckpointKind::resume;
+  std::string semantic_identity;
+  std::string profile = "unqualified";
+  TrainingConfig config;
+  std::vector<ComponentRecord> components;
+  std::string holdpoint_version;
+  std::string libtorch_version;
+  std::string compiler;
+  std::string code_identity;
+  std::string data_identity;
+  std::optional<ResumeDrift> last_resume_drift;
+  std::optional<Sharding> sharding;  // exactly for kinds sharded and shard
+
+  const ComponentRecord* component(const std::string& name) const;
+
+  Value to_value() const;
+  static Manifest from_value(const Value& value);
+  // Reads the "holdpoint" entry of a checkpoint's root; schema_field_missing
+  // when the root is not a dict that has one.
+  static Manifest of_root(const Value& root);
+};
+
+// SHA-256 of storages, by Storage::identity(), computed once and reused.
+class StorageDigests {
+ public:
+  void set(const void* identity, const Sha256Digest& digest) { known_[identity] = digest; }
+  const Sha256Digest& of(const Storage& storage);
+
+ private:
+  std::unordered_map<const void*, Sha256Digest> known_;
+};
+
+Sha256Digest component_digest(const Value& state, StorageDigests& storages);
+
+}  // namespace holdpoint

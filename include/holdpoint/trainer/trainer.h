@@ -1,0 +1,154 @@
+// Trainer: a ready supervised training loop whose whole state is checkpointed.
+//
+// The trainer owns the loop (batches from a Sampler over an in-memory dataset,
+// forward, loss, backward with gradient accumulation, optional gradient
+// clipping and loss scaling, the optimizer step, the scheduler at its cadence,
+// progress, history and early stopping) and registers every piece of state it
+// touches with a TrainingState: model, optimizer, scheduler, scaler, RNG
+// registry, sampler, progress, early stopping, history. Checkpoints can be
+// taken at any completed optimizer update, mid-epoch included, and a resumed
+// trainer continues the exact trajectory under the profile's preconditions.
+//
+// The configuration identity is filled in automatically (model schema,
+// optimizer type and hyperparameters as constructed, scheduler and its
+// cadence, loss identity, batch and sampler contract, gradient accumulation,
+// precision, clipping, scaler, early stopping, device) and can be extended by
+// the caller (generator seeds, curriculum, ...) through TrainerOptions::config.
+//
+// The caller owns the model, optimizer, sampler, scheduler, scaler and early
+// stopping objects and must keep them alive as long as the trainer.
+//
+// Thread-safety: one thread drives a trainer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "holdpoint/checkpoint/checkpoint_manager.h"
+#include "holdpoint/schema/config_identity.h"
+#include "holdpoint/state/progress.h"
+#include "holdpoint/schema/resume_profile.h"
+#include "holdpoint/state/rng_registry.h"
+#include "holdpoint/state/sampler.h"
+#include "holdpoint/checkpoint/training_state.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace holdpoint {
+
+class LRScheduler;
+class ReduceLROnPlateau;
+class GradScaler;
+
+enum class SchedulerCadence : std::uint8_t { per_step, per_epoch };
+
+struct TrainerOptions {
+  std::string semantic_identity = "holdpoint-trainer";
+  ResumeProfile profile = ResumeProfile::unqualified;
+  TrainingEnvironment environment;
+  std::int64_t batch_size = 1;
+  // Micro-batches per optimizer update; the loss of each is divided by it.
+  std::int64_t gradient_accumulation = 1;
+  std::optional<double> max_grad_norm;
+  // A name for the loss function: it is load-bearing, and a function has no
+  // identity of its own.
+  std::string loss_identity = "loss";
+  SchedulerCadence scheduler_cadence = SchedulerCadence::per_step;
+  std::int64_t max_epochs = 1;                 // operational: may grow on resume
+  std::optional<std::int64_t> max_steps;       // operational
+  // Checkpoint cadence (operational); checkpoints go to `checkpoint_path`.
+  std::optional<std::int64_t> save_every_steps;
+  std::optional<std::int64_t> save_every_epochs;
+  std::filesystem::path checkpoint_path;
+  CheckpointSaveOptions save_options;
+  // A run directory (RunDirectory layout): when set, saves at the cadence go
+  // there as generations instead of to `checkpoint_path`, fit() resumes from
+  // its LATEST first, and the final state is saved when the run finishes.
+  // `run_options` sets retention, the best metric, asynchronous saves and a
+  // time cadence; the step and epoch cadences above are copied into it.
+  std::filesystem::path run_directory;
+  CheckpointManagerOptions run_options;
+  // fit() installs a PreemptionGuard: SIGTERM/SIGINT/SIGUSR1 save at the next
+  // step boundary and fit() returns FitOutcome::preempted (exit with
+  // kExitPreempted); a second signal exits with kExitAborted at once.
+  bool handle_preemption_signals = false;
+  // Extra fields of the caller's (seeds, curriculum, loss weights, ...).
+  TrainingConfig config;
+  std::string code_identity;
+  std::string data_identity;
+};
+
+struct StepRecord {
+  std::int64_t step = 0;   // global step after this update (1-based)
+  std::int64_t epoch = 0;  // epoch the update's samples came from
+  std::vector<std::int64_t> sample_ids;
+  double loss = 0;         // mean loss over the update's micro-batches
+  double learning_rate = 0;  // of the first parameter group, as used by this update
+  bool optimizer_stepped = true;  // false when the loss scaler skipped the update
+};
+
+enum class FitOutcome : std::uint8_t {
+  finished,   // finished() is true
+  preempted,  // a preemption signal arrived; the state at the last step boundary is committed
+};
+
+class Trainer {
+ public:
+  using Forward = std::function<at::Tensor(const at::Tensor& inputs)>;
+  using Loss = std::function<at::Tensor(const at::Tensor& outputs, const at::Tensor& targets)>;
+
+  // `inputs` and `targets` hold the dataset along dimension 0; the sampler
+  // yields row indices into them.
+  Trainer(torch::nn::Module& model, Forward forward, torch::optim::Optimizer& optimizer, Loss loss,
+          at::Tensor inputs, at::Tensor targets, Sampler& sampler, TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  Trainer& set_scheduler(LRScheduler& scheduler);
+  Trainer& set_plateau_scheduler(ReduceLROnPlateau& scheduler);  // stepped per epoch with the epoch's mean loss
+  Trainer& set_scaler(GradScaler& scaler);
+  Trainer& set_early_stopping(EarlyStopping& early_stopping);  // updated per epoch with the epoch's mean loss
+  // Generators the run draws from (the default CPU generator is registered
+  // already; add the sampler's explicit generator and any others).
+  RngRegistry& rng() noexcept;
+
+  StepRecord step();
+  // Runs until finished() or preemption, calling `on_step` after every
+  // update. With a run directory it first resumes from LATEST (open_run()).
+  FitOutcome fit(const std::function<void(const StepRecord&)>& on_step = {});
+  // Opens the run directory (recovering it) and resumes from its LATEST, if
+  // it has one; fit() calls it. Returns the load report of the resume.
+  std::optional<LoadReport> open_run();
+  // The run directory's manager (nullptr before open_run()).
+  CheckpointManager* checkpoints() noexcept;
+  bool finished() const;
+
+  SaveResult save(const std::filesystem::path& path);
+  LoadReport resume(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
+  LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
+  LoadReport load_trusted_checkpoint(const std::filesystem::path& path);
+
+  const Progress& progress() const noexcept;
+  const MetricsHistory& history() const noexcept;
+  TrainingState& state();
+  // The configuration identity as it is now (automatic fields + the caller's).
+  TrainingConfig config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace holdpoint

@@ -1,0 +1,65 @@
+// Atomic publication: the only way holdpoint makes a file visible.
+//
+//   1. create a unique staging file ".<target>.staging-<pid>-<random>" beside the
+//      target, exclusively and without following symlinks (relative to the
+//      directory's descriptor);
+//   2. stream the content into it while SHA-256 is computed on a second thread;
+//   3. fsync and close it;
+//   4. re-open it and read it back into private memory, checking that the bytes
+//      hash to the streamed digest, then run the caller's verifier on them
+//      (bounded parse + schema);
+//   5. rename it to the target, without replacing an existing file unless asked
+//      (generations never replace; pointer files do);
+//   6. fsync the directory.
+// If any step before the rename fails, the staging file is removed (best
+// effort: a crash leaves it for recovery, which removes stale staging files)
+// and the target is untouched. docs/publication.md gives the crash-consistency
+// argument for each step.
+//
+// Failure contract: throws holdpoint::Error naming the target; the verifier's
+// own errors propagate unchanged.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/base/byte_sink.h"
+#include "holdpoint/base/file_system.h"
+
+namespace holdpoint::io {
+
+inline constexpr std::string_view kStagingMarker = ".staging-";
+
+// True for names publish() uses for staging files (".<name>.staging-...").
+bool is_staging_name(std::string_view name) noexcept;
+
+struct PublishOptions {
+  bool replace = false;
+  bool durable = true;
+  std::uint64_t max_bytes = std::uint64_t{256} << 30;  // bound of the verifying re-read
+  // Hash on the writing thread, without HashingWriter's blocks and thread:
+  // for small files (pointers, sidecars, indexes), where those cost more
+  // than the hashing they overlap. publish_text sets it.
+  bool small = false;
+};
+
+using PublishVerifier = std::function<void(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner)>;
+
+struct PublishResult {
+  Sha256Digest sha256;
+  std::uint64_t size = 0;
+};
+
+PublishResult publish(Directory& directory, const std::string& target, const PublishOptions& options,
+                      const std::function<void(ByteSink&)>& write, const PublishVerifier& verify = {});
+
+// publish() for a small text (pointer files, sidecars, indexes).
+PublishResult publish_text(Directory& directory, const std::string& target, std::string_view text,
+                           const PublishOptions& options, const PublishVerifier& verify = {});
+
+}  // namespace holdpoint::io

@@ -1,0 +1,209 @@
+#include "holdpoint/format/checkpoint_mapping.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "base/fail.h"
+#include "format/pt_reader.h"
+#include "format/pt_writer.h"
+#include "format/safetensors/safetensors.h"
+#include "holdpoint/base/snapshot.h"
+#include "format/publish_file.h"
+#include "holdpoint/base/file_system.h"
+
+namespace holdpoint {
+
+using detail::fail;
+
+std::string_view file_format_name(FileFormat format) noexcept {
+  switch (format) {
+    case FileFormat::pytorch_zip: return "pytorch_zip";
+    case FileFormat::pytorch_legacy: return "pytorch_legacy";
+    case FileFormat::safetensors: return "safetensors";
+  }
+  return "unknown";
+}
+
+LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr<const void> owner,
+                                     const Limits& limits) {
+  format::ParsedFile parsed = format::read_checkpoint_file(bytes, owner, limits);
+  LoadedMapping mapping;
+  mapping.root = std::move(parsed.root);
+  mapping.format = parsed.format;
+  mapping.file_bytes = bytes.size();
+  mapping.markers = std::move(parsed.markers);
+  mapping.records = std::move(parsed.records);
+  return mapping;
+}
+
+namespace {
+std::atomic<detail::TrustedLoader> trusted_loader{nullptr};
+
+LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptions& options);
+}  // namespace
+
+void detail::set_trusted_loader(TrustedLoader loader) noexcept { trusted_loader.store(loader); }
+
+LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options) {
+  if (!options.trusted) return load_restricted(path, options);
+  try {
+    return load_restricted(path, options);
+  } catch (const Error& error) {
+    // Only what the file is, never how it was read, is a reason to try LibTorch:
+    // I/O errors and digest mismatches stand.
+    switch (error.code()) {
+      case ErrorCode::io_open_failed:
+      case ErrorCode::io_read_failed:
+      case ErrorCode::io_not_regular_file:
+      case ErrorCode::file_too_large:
+      case ErrorCode::file_changed_during_read:
+      case ErrorCode::sha256_mismatch:
+      case ErrorCode::sha256_invalid:
+      case ErrorCode::file_empty:
+        throw;
+      default: break;
+    }
+    const detail::TrustedLoader loader = trusted_loader.load();
+    if (!loader) {
+      throw Error(ErrorCode::trusted_load_failed,
+                  detail::concat("the restricted reader refused the file (", error_code_name(error.code()),
+                                 ") and LibTorch's deserializer is not available in this program "
+                                 "(link holdpoint_torch and call holdpoint::enable_trusted_loading())"))
+          .with_path(path.string());
+    }
+    return loader(path, options, error);
+  }
+}
+
+namespace {
+
+LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptions& options) {
+  std::optional<Sha256Digest> expected;
+  if (options.expected_sha256) {
+    expected = Sha256Digest::from_hex(*options.expected_sha256);
+    if (!expected) {
+      throw Error(ErrorCode::sha256_invalid, detail::concat("expected SHA-256 '", *options.expected_sha256,
+                                                            "' is not 64 hexadecimal digits"))
+          .with_path(path.string());
+    }
+  }
+  io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, expected, options.progress);
+  try {
+    auto buffer = snapshot.buffer;
+    LoadedMapping mapping = parse_checkpoint_bytes(buffer->bytes(), buffer, options.limits);
+    mapping.sha256 = snapshot.sha256;
+    return mapping;
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
+
+}  // namespace
+
+std::string sha256_sidecar_line(const Sha256Digest& digest, const std::filesystem::path& file) {
+  return digest.hex() + "  " + file.filename().string() + "\n";
+}
+
+namespace {
+
+std::filesystem::path sidecar_path(const std::filesystem::path& path) {
+  return std::filesystem::path(path.string() + ".sha256");
+}
+
+// The parent directory of `path`, opened without following a symlink there.
+std::unique_ptr<io::Directory> parent_directory(const std::filesystem::path& path) {
+  const auto parent = path.parent_path();
+  return io::posix_file_system().open_directory(parent.empty() ? std::filesystem::path(".") : parent, false);
+}
+
+}  // namespace
+
+Sha256Digest read_sha256_sidecar(const std::filesystem::path& path) {
+  const auto sidecar = sidecar_path(path);
+  std::ifstream in(sidecar, std::ios::binary);
+  if (!in) throw Error(ErrorCode::io_open_failed, "cannot open the .sha256 sidecar").with_path(sidecar.string());
+  std::string text(4097, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  auto invalid = [&](std::string_view why) {
+    return Error(ErrorCode::sidecar_invalid, std::string(why)).with_path(sidecar.string());
+  };
+  if (text.size() > 4096) throw invalid("sidecar is larger than 4096 bytes");
+  if (text.empty() || text.back() != '\n' || text.find('\n') != text.size() - 1) {
+    throw invalid("sidecar must be exactly one line ending in a newline");
+  }
+  text.pop_back();
+  // sha256sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
+  if (text.size() < 67 || (text.compare(64, 2, "  ") != 0 && text.compare(64, 2, " *") != 0)) {
+    throw invalid("sidecar line is not '<64 hex digits>  <file name>'");
+  }
+  const auto digest = Sha256Digest::from_hex(std::string_view(text).substr(0, 64));
+  if (!digest) throw invalid("sidecar digest is not 64 hexadecimal digits");
+  const std::string named = text.substr(66);
+  if (named != path.filename().string()) {
+    throw invalid("sidecar names '" + named + "', not '" + path.filename().string() + "'");
+  }
+  return *digest;
+}
+
+namespace detail {
+
+SaveResult publish_file(const std::filesystem::path& path, const PublishOptions& options,
+                        const std::function<void(io::ByteSink&, SaveResult&)>& write,
+                        const io::PublishVerifier& verify) {
+  const std::string name = path.filename().string();
+  try {
+    auto directory = parent_directory(path);
+    SaveResult result;
+    io::PublishOptions publish_options;
+    publish_options.replace = options.replace;
+    publish_options.durable = options.durable;
+    const io::PublishVerifier default_verify = [](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+      parse_checkpoint_bytes(bytes, owner);
+    };
+    const auto published = io::publish(*directory, name, publish_options,
+                                       [&](io::ByteSink& sink) { write(sink, result); }, verify ? verify : default_verify);
+    result.sha256 = published.sha256;
+    result.file_bytes = published.size;
+    if (options.write_sidecar) {
+      io::PublishOptions sidecar_options;
+      sidecar_options.replace = true;
+      sidecar_options.durable = options.durable;
+      io::publish_text(*directory, name + ".sha256", sha256_sidecar_line(result.sha256, path), sidecar_options);
+    }
+    return result;
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
+
+}  // namespace detail
+
+SaveResult save_mapping(const std::filesystem::path& path, const Value& root, const SaveOptions& options) {
+  if (options.format == FileFormat::pytorch_legacy) {
+    throw Error(ErrorCode::invalid_argument, "the legacy PyTorch stream is read-only; save as pytorch_zip")
+        .with_path(path.string());
+  }
+  return detail::publish_file(path, {options.durable, options.write_sidecar}, [&](io::ByteSink& sink, SaveResult& result) {
+    if (options.format == FileFormat::safetensors) {
+      format::write_safetensors(sink, root);
+      result.tensor_count = root.as_dict().size();
+      result.storage_count = result.tensor_count;
+    } else {
+      format::PtWriteOptions write_options;
+      write_options.torch_1_13_compatible = options.torch_1_13_compatible;
+      write_options.archive_name = options.archive_name;
+      const auto written = format::write_pt(sink, root, write_options);
+      result.tensor_count = written.tensor_count;
+      result.storage_count = written.storage_count;
+    }
+  });
+}
+
+}  // namespace holdpoint

@@ -1,0 +1,1462 @@
+// The restricted pickle VM. See pickle_reader.h for the contract and
+// docs/format.md ("Pickle allowlist") / the format reference §7.3 for the rules.
+//
+// Shape of the machine: a stack of Items split into frames by MARK (as in
+// CPython, an opcode sees only the items above the newest MARK), a memo of
+// Items, and a table of storages by key. An Item is a scalar, a string, a
+// tuple, a container or tensor, or one of the things only the VM handles: an
+// allowlisted global or a storage from BINPERSID. Every Item carries the size
+// of its subtree counted through shared references, its container nesting
+// depth, and whether a mutable container is reachable from it; the first
+// bounds BINGET expansion, the last forbids aliasing.
+//
+// Items are plain words, so that pushing, memoizing and BINGET cost a copy of
+// 24 bytes. Scalars are held inline; everything else by position in arenas the
+// machine owns until it returns. Strings and bytes are views of the pickle and
+// tuples are runs of Items; either becomes a Value only where the result needs
+// one (a list element, a dict value, the root), and then once, so that every
+// reference to one opcode's object shares one Value node as before. Most never
+// do: persistent-id fields, dict keys, REDUCE arguments and tensor sizes are
+// read straight from the Items, which is what keeps a state dict from costing
+// a dozen allocations and frees per tensor. Likewise a list, dict or
+// OrderedDict becomes a Value only when something is added to it or it is
+// handed out (torch.save writes an empty OrderedDict of backward hooks for
+// every tensor). Doing that in place on the stack is sound because a mutable
+// container is never shared: memo_get refuses one, so the copy a memo slot
+// keeps is only ever named in a message.
+#include "format/pickle/pickle_reader.h"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <new>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "base/checked_arithmetic.h"
+#include "base/fail.h"
+#include "format/pickle/pickle_opcodes.h"
+
+namespace holdpoint::format {
+namespace {
+
+namespace op = pickle_op;
+using detail::checked_add;
+using detail::checked_mul;
+
+enum class GlobalKind : std::uint8_t {
+  ordered_dict,
+  counter,  // collections.Counter: read as the dict of its counts
+  rebuild_tensor_v2,
+  rebuild_tensor_v3,
+  rebuild_parameter,
+  codecs_encode,
+  storage_type,          // torch.<X>Storage: a persistent-id tag, never called
+  untyped_storage_type,  // torch.UntypedStorage: likewise
+  dtype,                 // torch.<dtype>: only as _rebuild_tensor_v3's dtype
+};
+
+// Trivial (no member initializers) so that it can share a union in Item.
+struct GlobalRef {
+  GlobalKind kind;
+  DType dtype;  // storage_type and dtype only
+};
+
+// What a BINPERSID declared and resolved; `key` views the pickle.
+struct StorageRef {
+  std::string_view key;
+  std::uint64_t numel;
+  std::shared_ptr<const Storage> storage;
+  DType dtype;
+  bool untyped;
+};
+
+enum class ItemKind : std::uint8_t {
+  none,
+  boolean,
+  integer,
+  floating,
+  text,             // a str: texts_[index]
+  bytes,            // texts_[index]
+  tuple,            // tuples_[index]
+  empty_container,  // a list, dict or OrderedDict (`container` says which) nothing was added to
+  value,            // values_[index]: a list, dict, OrderedDict or tensor
+  global,
+  storage,          // storage_refs_[index]
+};
+
+struct Item {
+  union {
+    std::int64_t integer = 0;
+    double floating;
+    bool boolean;
+    std::size_t index;
+    GlobalRef global;
+    ValueKind container;
+  };
+  std::uint64_t nodes = 1;     // subtree size, shared references counted in full
+  std::uint32_t depth = 0;     // containers nested in this item; 0 for scalars
+  ItemKind kind = ItemKind::none;
+  bool holds_mutable = false;  // a list, dict or OrderedDict is reachable
+  bool vm_only = false;        // a global, a storage or a tuple holding one: never a Value
+};
+static_assert(std::is_trivially_copyable_v<Item> && sizeof(Item) == 24);
+
+constexpr std::size_t kNoValue = std::numeric_limits<std::size_t>::max();
+
+// A str or bytes operand: a view of the pickle (or, for bytes made by
+// _codecs.encode, of the Value that owns them) and the Value made of it, once
+// one was needed.
+struct Text {
+  std::string_view text;
+  std::size_t owned = kNoValue;  // into values_
+};
+
+// A tuple: tuple_elements_[first, first + count).
+struct Tuple {
+  std::size_t first;
+  std::size_t count;
+  std::size_t owned = kNoValue;  // into values_
+};
+
+Item integer_item(std::int64_t value) {
+  Item item;
+  item.kind = ItemKind::integer;
+  item.integer = value;
+  return item;
+}
+
+Item floating_item(double value) {
+  Item item;
+  item.kind = ItemKind::floating;
+  item.floating = value;
+  return item;
+}
+
+Item boolean_item(bool value) {
+  Item item;
+  item.kind = ItemKind::boolean;
+  item.boolean = value;
+  return item;
+}
+
+Item global_item(GlobalRef global) {
+  Item item;
+  item.kind = ItemKind::global;
+  item.global = global;
+  item.vm_only = true;
+  return item;
+}
+
+Item empty_container_item(ValueKind container) {
+  Item item;
+  item.kind = ItemKind::empty_container;
+  item.container = container;
+  item.depth = 1;
+  item.holds_mutable = true;
+  return item;
+}
+
+Value empty_container(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::list: return Value::list();
+    case ValueKind::dict: return Value::dict();
+    default: return Value::ordered_dict();
+  }
+}
+
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
+  return checked_add(a, b).value_or(std::numeric_limits<std::uint64_t>::max());
+}
+
+std::string global_name(const GlobalRef& global) {
+  switch (global.kind) {
+    case GlobalKind::ordered_dict: return "collections.OrderedDict";
+    case GlobalKind::counter: return "collections.Counter";
+    case GlobalKind::rebuild_tensor_v2: return "torch._utils._rebuild_tensor_v2";
+    case GlobalKind::rebuild_tensor_v3: return "torch._utils._rebuild_tensor_v3";
+    case GlobalKind::rebuild_parameter: return "torch._utils._rebuild_parameter";
+    case GlobalKind::codecs_encode: return "_codecs.encode";
+    case GlobalKind::storage_type: return "torch." + std::string(*dtype_storage_class(global.dtype));
+    case GlobalKind::untyped_storage_type: return "torch.UntypedStorage";
+    case GlobalKind::dtype: return "torch." + std::string(dtype_name(global.dtype));
+  }
+  return "unknown global";
+}
+
+// Names, keys and locations from the file, for messages: at most 64 bytes,
+// anything outside printable ASCII as \xNN.
+std::string printable(std::string_view text) {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (char c : text.substr(0, 64)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7F && byte != '\\') {
+      out.push_back(c);
+    } else {
+      out += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
+    }
+  }
+  if (text.size() > 64) out += "...";
+  return out;
+}
+
+bool is_identifier_path(std::string_view text) {
+  if (text.empty() || text.size() > op::kMaxGlobalPartBytes) return false;
+  bool segment_start = true;
+  for (char c : text) {
+    const bool letter = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+    const bool digit = c >= '0' && c <= '9';
+    if (c == '.') {
+      if (segment_start) return false;
+      segment_start = true;
+    } else if (letter || (digit && !segment_start)) {
+      segment_start = false;
+    } else {
+      return false;
+    }
+  }
+  return !segment_start;
+}
+
+bool is_canonical_decimal(std::string_view text, std::size_t max_digits) {
+  if (text.empty() || text.size() > max_digits) return false;
+  if (text.size() > 1 && text[0] == '0') return false;
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Legacy streams key storages by str(storage._cdata) (a pointer printed in
+// decimal); anything path-like is refused even there.
+bool is_legacy_storage_key(std::string_view text) {
+  if (text.empty() || text.size() > 64) return false;
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+  });
+}
+
+bool is_supported_location(std::string_view location) {
+  if (location == "cpu" || location == "cuda" || location == "mps") return true;
+  constexpr std::string_view kCuda = "cuda:";
+  return location.substr(0, kCuda.size()) == kCuda && is_canonical_decimal(location.substr(kCuda.size()), 5);
+}
+
+// Storage classes torch has but that hold no plain dtype (quantized tensors).
+bool is_quantized_storage_class(std::string_view name) {
+  return name == "QUInt8Storage" || name == "QInt8Storage" || name == "QInt32Storage" || name == "QUInt4x2Storage" ||
+         name == "QUInt2x4Storage";
+}
+
+class Machine {
+ public:
+  Machine(std::span<const std::byte> pickle, StorageResolver& storages, const Limits& limits,
+          const PickleOptions& options, bool allow_trailing_bytes)
+      : data_(pickle.data()),
+        size_(pickle.size()),
+        storages_(storages),
+        limits_(limits),
+        options_(options),
+        allow_trailing_bytes_(allow_trailing_bytes) {
+    // Legacy streams hand over the rest of the file, storages included, so the
+    // size bound applies to how far the pickle reaches, not to the span.
+    window_end_ = allow_trailing_bytes
+                      ? static_cast<std::size_t>(std::min<std::uint64_t>(size_, limits.max_pickle_bytes))
+                      : size_;
+  }
+
+  PickleResult run();
+
+ private:
+  template <typename... Parts>
+  [[noreturn]] void error(ErrorCode code, Parts&&... parts) const {
+    detail::fail(code, "pickle offset ", op_offset_, ": ", op::name(op_), ": ", std::forward<Parts>(parts)...);
+  }
+
+  void reserve_for_dense_state_dict();
+
+  // ---- input ----
+  [[noreturn]] void out_of_input(std::size_t wanted) const;
+  // Every read goes through take: it stays inside the current FRAME (CPython
+  // refuses an opcode that straddles a frame end) and inside the window. The
+  // common case, no frame and bytes to spare, is inline.
+  const std::byte* take(std::size_t n) {
+    if (in_frame_ || n > window_end_ - pos_) return take_checked(n);
+    const std::byte* p = data_ + pos_;
+    pos_ += n;
+    return p;
+  }
+  const std::byte* take_checked(std::size_t n);
+  std::uint8_t take_u8() { return std::to_integer<std::uint8_t>(*take(1)); }
+  std::uint64_t take_le(std::size_t n) {
+    const std::byte* p = take(n);
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < n; ++i) value |= std::uint64_t{std::to_integer<std::uint8_t>(p[i])} << (8 * i);
+    return value;
+  }
+  std::string_view take_line(std::size_t max_bytes, ErrorCode malformed, bool unterminated_is_malformed,
+                             std::string_view what);
+  Item take_string(std::uint64_t length, bool ascii_only);
+  Item take_bytes(std::uint64_t length);
+  void begin_frame();
+
+  // ---- items ----
+  Item text_item(ItemKind kind, std::string_view text);
+  Item value_item(Value value);
+  std::optional<ValueKind> value_kind(const Item& item) const;
+  std::string describe(const Item& item) const;
+  std::string_view text(const Item& item) const { return texts_[item.index].text; }
+  const Item& element(const Item& tuple, std::size_t i) const {
+    return tuple_elements_[tuples_[tuple.index].first + i];
+  }
+  std::size_t tuple_size(const Item& tuple) const { return tuples_[tuple.index].count; }
+  const StorageRef& storage(const Item& item) const { return storage_refs_[item.index]; }
+  Value take_value(const Item& item, std::string_view role);
+  Value& make_mutable(Item& container);
+  bool is_empty_dict(const Item& item) const;
+
+  // ---- stack ----
+  std::size_t frame_base() const { return marks_.empty() ? 0 : marks_.back(); }
+  void require(std::size_t n) const;
+  Item pop();
+  // Inline: most opcodes end here.
+  void push(const Item& item) {
+    if (stack_.size() >= limits_.max_stack_items) stack_limit_exceeded();
+    stack_.push_back(item);
+  }
+  [[noreturn]] void stack_limit_exceeded() const;
+  std::size_t pop_mark();
+  void count_elements(std::uint64_t n);
+  void add_child(Item& parent, const Item& child) const;
+
+  // ---- opcodes ----
+  void do_proto();
+  void do_int_line();
+  void do_long_line();
+  void do_long1();
+  void do_tuple(std::size_t count_from_stack, bool from_mark);
+  void do_append(bool from_mark);
+  void do_setitem(bool from_mark);
+  void set_item(Item& target, const Item& key, const Item& value);
+  void memo_put(std::uint64_t index);
+  void memo_get(std::uint64_t index);
+  void do_global();
+  void do_stack_global();
+  GlobalRef resolve_global(std::string_view module, std::string_view name) const;
+  void do_reduce();
+  void do_build();
+  void do_binpersid();
+  std::size_t find_storage(std::string_view key) const;
+  void index_storage(std::size_t position);
+  std::optional<std::uint64_t> storage_number(std::string_view key) const;
+  void place_hashed_storage(std::size_t position);
+
+  // ---- callables ----
+  Item reduce_ordered_dict(const Item& args);
+  Item reduce_counter(const Item& args);
+  Item reduce_codecs_encode(const Item& args);
+  Item reduce_tensor(const Item& args, bool v3);
+  Item reduce_parameter(const Item& args);
+  void check_hooks(const Item& hooks, std::string_view what) const;
+  std::vector<std::int64_t> int_tuple(const Item& item, std::string_view what) const;
+  void validate_metadata(const Value& state) const;
+
+  const std::byte* data_;
+  std::size_t size_;
+  std::size_t window_end_ = 0;
+  std::size_t pos_ = 0;
+  std::size_t frame_end_ = 0;
+  bool in_frame_ = false;
+  std::size_t op_offset_ = 0;
+  std::uint8_t op_ = 0;
+
+  StorageResolver& storages_;
+  const Limits& limits_;
+  const PickleOptions& options_;
+  bool allow_trailing_bytes_;
+
+  std::vector<Item> stack_;
+  std::vector<std::size_t> marks_;
+  std::vector<Item> memo_;
+
+  // The arenas Items point into; nothing is removed before the machine ends.
+  std::vector<Text> texts_;
+  std::vector<Tuple> tuples_;
+  std::vector<Item> tuple_elements_;
+  std::vector<Value> values_;
+  std::vector<StorageRef> storage_refs_;
+  // Storages by key, as position in storage_refs_ + 1 (0: none). Zip archives
+  // number storages 0, 1, 2, ... in order, so a canonical key below twice the
+  // storages seen (plus 1024) goes in storages_by_number_, found without
+  // hashing or a random access; any other key in the open-addressing table
+  // storage_slots_.
+  std::vector<std::size_t> storages_by_number_;
+  std::vector<std::size_t> storage_slots_;
+  std::size_t hashed_storages_ = 0;
+
+  std::uint64_t opcode_count_ = 0;
+  std::uint64_t expanded_nodes_ = 0;
+  std::uint64_t container_elements_ = 0;
+  std::uint64_t tensor_count_ = 0;
+  int protocol_ = 0;
+  bool uses_binfloat_ = false;
+};
+
+// Reserves the memo and arenas for a state dict whose names are as short as
+// they come (torch.save spends about 100 bytes of opcodes per tensor on 8 memo
+// entries, 13 tuple elements, 4 tuples, 2 strings and a storage), so that they
+// do not grow by doubling, which copies them and touches twice the memory,
+// each page a fresh fault. Pages never used are never touched. Called only
+// for a span that is exactly the pickle and within max_pickle_bytes (a legacy
+// stream's span runs on into its storages). A refused reservation costs only
+// speed, so it is not an error.
+void Machine::reserve_for_dense_state_dict() {
+  try {
+    memo_.reserve(size_ / 8);
+    tuple_elements_.reserve(size_ / 5);
+    tuples_.reserve(size_ / 16);
+    texts_.reserve(size_ / 32);
+    values_.reserve(size_ / 64);
+    storage_refs_.reserve(size_ / 64);
+    storages_by_number_.reserve(size_ / 64);
+  } catch (const std::bad_alloc&) {
+  }
+}
+
+// ---- input ----------------------------------------------------------------------------
+
+void Machine::out_of_input(std::size_t wanted) const {
+  if (window_end_ < size_) {
+    error(ErrorCode::pickle_too_large, "the pickle continues past ", window_end_, " bytes (max_pickle_bytes ",
+          limits_.max_pickle_bytes, ")");
+  }
+  error(ErrorCode::pickle_truncated, "needs ", wanted, " more bytes, ", window_end_ - pos_, " left");
+}
+
+const std::byte* Machine::take_checked(std::size_t n) {
+  const std::size_t limit = in_frame_ ? frame_end_ : window_end_;
+  if (n > limit - pos_) {
+    if (in_frame_) {
+      error(ErrorCode::pickle_frame_invalid, "needs ", n, " bytes but the frame ends at offset ", frame_end_);
+    }
+    out_of_input(n);
+  }
+  const std::byte* p = data_ + pos_;
+  pos_ += n;
+  if (in_frame_ && pos_ == frame_end_) in_frame_ = false;
+  return p;
+}
+
+// A newline-terminated operand of at most `max_bytes`. A longer line is
+// `malformed`; so is one the data ends inside when `unterminated_is_malformed`
+// (a GLOBAL name must end in a newline), else that is truncation.
+std::string_view Machine::take_line(std::size_t max_bytes, ErrorCode malformed, bool unterminated_is_malformed,
+                                    std::string_view what) {
+  const std::size_t limit = in_frame_ ? frame_end_ : window_end_;
+  const std::size_t search_end = pos_ + std::min(limit - pos_, max_bytes + 1);
+  const auto* begin = reinterpret_cast<const char*>(data_ + pos_);
+  const auto* newline = static_cast<const char*>(std::memchr(begin, '\n', search_end - pos_));
+  if (!newline) {
+    if (search_end - pos_ == max_bytes + 1) error(malformed, what, " is longer than ", max_bytes, " bytes");
+    if (in_frame_) error(ErrorCode::pickle_frame_invalid, what, " runs past the frame end at offset ", frame_end_);
+    if (unterminated_is_malformed && window_end_ == size_) error(malformed, what, " has no terminating newline");
+    out_of_input(search_end - pos_ + 1);
+  }
+  const std::size_t length = static_cast<std::size_t>(newline - begin);
+  take(length + 1);
+  return {begin, length};
+}
+
+Item Machine::take_string(std::uint64_t length, bool ascii_only) {
+  if (length > limits_.max_string_bytes) {
+    error(ErrorCode::pickle_string_too_long, "length ", length, " exceeds max_string_bytes ", limits_.max_string_bytes);
+  }
+  const auto* p = reinterpret_cast<const char*>(take(static_cast<std::size_t>(length)));
+  std::string_view text(p, static_cast<std::size_t>(length));
+  if (ascii_only) {
+    const auto bad =
+        std::find_if(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) > 0x7F; });
+    if (bad != text.end()) {
+      error(ErrorCode::pickle_string_invalid, "byte ", bad - text.begin(), " is not ASCII (Python 2 str)");
+    }
+  } else if (!op::is_strict_utf8(text)) {
+    error(ErrorCode::pickle_string_invalid, "the ", length, " bytes are not strict UTF-8");
+  }
+  return text_item(ItemKind::text, text);
+}
+
+Item Machine::take_bytes(std::uint64_t length) {
+  if (length > limits_.max_string_bytes) {
+    error(ErrorCode::pickle_string_too_long, "length ", length, " exceeds max_string_bytes ", limits_.max_string_bytes);
+  }
+  const auto* p = reinterpret_cast<const char*>(take(static_cast<std::size_t>(length)));
+  return text_item(ItemKind::bytes, std::string_view(p, static_cast<std::size_t>(length)));
+}
+
+void Machine::begin_frame() {
+  if (in_frame_) {
+    error(ErrorCode::pickle_frame_invalid, "a new frame starts before the current one ends at ", frame_end_);
+  }
+  const std::uint64_t length = take_le(8);
+  if (length > size_ - pos_) {
+    error(ErrorCode::pickle_frame_invalid, "length ", length, " exceeds the ", size_ - pos_, " bytes that follow");
+  }
+  if (length > window_end_ - pos_) out_of_input(static_cast<std::size_t>(length));
+  frame_end_ = pos_ + static_cast<std::size_t>(length);
+  in_frame_ = length > 0;
+}
+
+// ---- items ----------------------------------------------------------------------------
+
+Item Machine::text_item(ItemKind kind, std::string_view text) {
+  Item item;
+  item.kind = kind;
+  item.index = texts_.size();
+  texts_.push_back({text});
+  return item;
+}
+
+Item Machine::value_item(Value value) {
+  Item item;
+  item.kind = ItemKind::value;
+  item.index = values_.size();
+  values_.push_back(std::move(value));
+  return item;
+}
+
+// The kind of Value `item` stands for; nullopt for a global, a storage or a
+// tuple holding one.
+std::optional<ValueKind> Machine::value_kind(const Item& item) const {
+  if (item.vm_only) return std::nullopt;
+  switch (item.kind) {
+    case ItemKind::none: return ValueKind::none;
+    case ItemKind::boolean: return ValueKind::boolean;
+    case ItemKind::integer: return ValueKind::integer;
+    case ItemKind::floating: return ValueKind::floating;
+    case ItemKind::text: return ValueKind::string;
+    case ItemKind::bytes: return ValueKind::bytes;
+    case ItemKind::tuple: return ValueKind::tuple;
+    case ItemKind::empty_container: return item.container;
+    case ItemKind::value: return values_[item.index].kind();
+    case ItemKind::global:
+    case ItemKind::storage: break;
+  }
+  return std::nullopt;
+}
+
+std::string Machine::describe(const Item& item) const {
+  if (const auto kind = value_kind(item)) return std::string(value_kind_name(*kind));
+  if (item.kind == ItemKind::global) return "global " + global_name(item.global);
+  if (item.kind == ItemKind::storage) return "storage '" + std::string(storage(item).key) + "'";
+  return "tuple holding a global or storage";
+}
+
+// The Value `item` stands for, as `role` of its parent. Strings and tuples
+// are made once and then shared, as one opcode's object is in Python.
+Value Machine::take_value(const Item& item, std::string_view role) {
+  switch (item.kind) {
+    case ItemKind::none: return Value::none();
+    case ItemKind::boolean: return Value::boolean(item.boolean);
+    case ItemKind::integer: return Value::integer(item.integer);
+    case ItemKind::floating: return Value::floating(item.floating);
+    case ItemKind::text:
+    case ItemKind::bytes: {
+      Text& entry = texts_[item.index];
+      if (entry.owned == kNoValue) {
+        std::string copy(entry.text);
+        values_.push_back(item.kind == ItemKind::text ? Value::string(std::move(copy)) : Value::bytes(std::move(copy)));
+        entry.owned = values_.size() - 1;
+      }
+      return values_[entry.owned];
+    }
+    case ItemKind::tuple: {
+      if (item.vm_only) break;
+      if (tuples_[item.index].owned == kNoValue) {
+        // Elements first: nested tuples and strings extend values_ as they go.
+        const Tuple tuple = tuples_[item.index];
+        Value::List elements;
+        elements.reserve(tuple.count);
+        for (std::size_t i = 0; i < tuple.count; ++i) {
+          elements.push_back(take_value(tuple_elements_[tuple.first + i], "a tuple element"));
+        }
+        values_.push_back(Value::tuple(std::move(elements)));
+        tuples_[item.index].owned = values_.size() - 1;
+      }
+      return values_[tuples_[item.index].owned];
+    }
+    case ItemKind::empty_container: return empty_container(item.container);
+    case ItemKind::value: return values_[item.index];
+    case ItemKind::global:
+    case ItemKind::storage: break;
+  }
+  error(ErrorCode::pickle_type_invalid, "a ", describe(item), " cannot be ", role);
+}
+
+// The list, dict or OrderedDict `container` holds, made a Value if it was
+// still empty. The reference lasts until values_ grows.
+Value& Machine::make_mutable(Item& container) {
+  if (container.kind == ItemKind::empty_container) {
+    values_.push_back(empty_container(container.container));
+    container.kind = ItemKind::value;
+    container.index = values_.size() - 1;
+  }
+  return values_[container.index];
+}
+
+bool Machine::is_empty_dict(const Item& item) const {
+  if (item.kind == ItemKind::empty_container) return true;
+  const Dict& dict = values_[item.index].as_dict();
+  return dict.empty() && !dict.metadata();
+}
+
+// ---- stack ----------------------------------------------------------------------------
+
+void Machine::require(std::size_t n) const {
+  const std::size_t available = stack_.size() - frame_base();
+  if (available < n) {
+    error(ErrorCode::pickle_stack_underflow, "needs ", n, " stack items, ", available, " above the last MARK");
+  }
+}
+
+Item Machine::pop() {
+  require(1);
+  const Item item = stack_.back();
+  stack_.pop_back();
+  return item;
+}
+
+void Machine::stack_limit_exceeded() const {
+  error(ErrorCode::pickle_stack_limit, "more than max_stack_items ", limits_.max_stack_items, " stack items");
+}
+
+std::size_t Machine::pop_mark() {
+  if (marks_.empty()) error(ErrorCode::pickle_mark_missing, "no MARK is open");
+  const std::size_t base = marks_.back();
+  marks_.pop_back();
+  return base;
+}
+
+void Machine::count_elements(std::uint64_t n) {
+  container_elements_ = saturating_add(container_elements_, n);
+  if (container_elements_ > limits_.max_container_elements) {
+    error(ErrorCode::pickle_container_limit, "more than max_container_elements ", limits_.max_container_elements,
+          " container elements");
+  }
+}
+
+void Machine::add_child(Item& parent, const Item& child) const {
+  parent.nodes = saturating_add(parent.nodes, child.nodes);
+  parent.depth = std::max(parent.depth, child.depth + 1);
+  parent.holds_mutable = parent.holds_mutable || child.holds_mutable;
+  if (parent.depth > limits_.max_nesting_depth) {
+    error(ErrorCode::pickle_nesting_limit, "containers nest deeper than max_nesting_depth ", limits_.max_nesting_depth);
+  }
+}
+
+// ---- scalars ----------------------------------------------------------------------------
+
+void Machine::do_proto() {
+  const std::uint8_t version = take_u8();
+  if (op_offset_ != 0) error(ErrorCode::pickle_opcode_forbidden, "PROTO is allowed only as the first opcode");
+  if (version < 2 || version > op::kHighestProtocol) {
+    error(ErrorCode::pickle_protocol_unsupported, "protocol ", int{version}, " is not 2..", int{op::kHighestProtocol});
+  }
+  protocol_ = version;
+}
+
+// Decimal text as Python's repr(int) writes it: no sign but '-', no leading
+// zeros, no spaces or underscores, and within int64.
+std::optional<std::int64_t> parse_canonical_int(std::string_view text) {
+  const std::string_view digits = !text.empty() && text[0] == '-' ? text.substr(1) : text;
+  if (!is_canonical_decimal(digits, 19) || text == "-0") return std::nullopt;
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// Text INT (protocol 0/1): "I<decimal>\n", where "I00" and "I01" are False and True.
+void Machine::do_int_line() {
+  constexpr std::size_t kMaxIntLine = 32;
+  const std::string_view line = take_line(kMaxIntLine, ErrorCode::pickle_int_invalid, false, "the INT line");
+  if (line == "00" || line == "01") {
+    push(boolean_item(line == "01"));
+    return;
+  }
+  const auto value = parse_canonical_int(line);
+  if (!value) error(ErrorCode::pickle_int_invalid, "'", printable(line), "' is not a canonical decimal within int64");
+  push(integer_item(*value));
+}
+
+// Text LONG (protocol 0/1): "L<decimal>L\n".
+void Machine::do_long_line() {
+  constexpr std::size_t kMaxLongLine = 32;
+  const std::string_view line = take_line(kMaxLongLine, ErrorCode::pickle_int_invalid, false, "the LONG line");
+  const auto value = !line.empty() && line.back() == 'L' ? parse_canonical_int(line.substr(0, line.size() - 1))
+                                                          : std::nullopt;
+  if (!value) {
+    error(ErrorCode::pickle_int_invalid, "'", printable(line), "' is not a canonical decimal with an L within int64");
+  }
+  push(integer_item(*value));
+}
+
+void Machine::do_long1() {
+  const std::uint8_t length = take_u8();
+  if (length > 8) error(ErrorCode::pickle_int_invalid, "length ", int{length}, " exceeds 8 bytes (int64)");
+  std::uint64_t bits = take_le(length);
+  // Sign-extend the two's-complement value from `length` bytes to 64 bits.
+  if (length > 0 && length < 8 && (bits >> (8 * length - 1)) & 1u) bits |= ~std::uint64_t{0} << (8 * length);
+  push(integer_item(static_cast<std::int64_t>(bits)));
+}
+
+// ---- containers -------------------------------------------------------------------------
+
+void Machine::do_tuple(std::size_t count, bool from_mark) {
+  std::size_t base;
+  if (from_mark) {
+    base = pop_mark();
+  } else {
+    require(count);
+    base = stack_.size() - count;
+  }
+  const auto first = stack_.begin() + static_cast<std::ptrdiff_t>(base);
+  const auto last = stack_.end();
+  count_elements(static_cast<std::uint64_t>(last - first));
+  Item tuple;
+  tuple.kind = ItemKind::tuple;
+  tuple.depth = 1;
+  for (auto it = first; it != last; ++it) {
+    add_child(tuple, *it);
+    tuple.vm_only = tuple.vm_only || it->vm_only;
+  }
+  tuple.index = tuples_.size();
+  tuples_.push_back({tuple_elements_.size(), static_cast<std::size_t>(last - first)});
+  tuple_elements_.insert(tuple_elements_.end(), first, last);
+  stack_.erase(first, last);
+  push(tuple);
+}
+
+void Machine::do_append(bool from_mark) {
+  std::size_t first;
+  if (from_mark) {
+    first = pop_mark();
+    if (first == frame_base()) error(ErrorCode::pickle_stack_underflow, "no list below the MARK");
+  } else {
+    require(2);
+    first = stack_.size() - 1;
+  }
+  Item& target = stack_[first - 1];
+  if (value_kind(target) != ValueKind::list) {
+    error(ErrorCode::pickle_append_target, "the target is a ", describe(target), ", not a list");
+  }
+  count_elements(stack_.size() - first);
+  if (first == stack_.size()) return;
+  auto& items = make_mutable(target).mutable_list();
+  for (std::size_t i = first; i < stack_.size(); ++i) {
+    add_child(target, stack_[i]);
+    items.push_back(take_value(stack_[i], "a list element"));
+  }
+  stack_.resize(first);
+}
+
+void Machine::set_item(Item& target, const Item& key, const Item& value) {
+  const auto target_kind = value_kind(target);
+  if (target_kind != ValueKind::dict && target_kind != ValueKind::ordered_dict) {
+    error(ErrorCode::pickle_setitem_target, "the target is a ", describe(target), ", not a dict");
+  }
+  if (key.kind != ItemKind::text && key.kind != ItemKind::integer) {
+    error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key), " key; keys are str or int");
+  }
+  count_elements(1);
+  add_child(target, key);
+  add_child(target, value);
+  Value entry = take_value(value, "a dict value");
+  const auto dict_key = [&] {
+    return key.kind == ItemKind::text ? DictKey(std::string(text(key))) : DictKey(key.integer);
+  };
+  if (!make_mutable(target).mutable_dict().insert(dict_key(), std::move(entry))) {
+    error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key().to_string()), " occurs twice");
+  }
+}
+
+void Machine::do_setitem(bool from_mark) {
+  std::size_t first;
+  if (from_mark) {
+    first = pop_mark();
+    if (first == frame_base()) error(ErrorCode::pickle_stack_underflow, "no dict below the MARK");
+    if ((stack_.size() - first) % 2 != 0) {
+      error(ErrorCode::pickle_stack_underflow, "an odd number of items (", stack_.size() - first,
+            ") for key/value pairs");
+    }
+  } else {
+    require(3);
+    first = stack_.size() - 2;
+  }
+  Item& target = stack_[first - 1];
+  for (std::size_t i = first; i < stack_.size(); i += 2) set_item(target, stack_[i], stack_[i + 1]);
+  stack_.resize(first);
+}
+
+// ---- memo -------------------------------------------------------------------------------
+
+void Machine::memo_put(std::uint64_t index) {
+  require(1);
+  if (index > memo_.size()) {
+    error(ErrorCode::pickle_memo_index_invalid, "index ", index, " skips past the memo size ", memo_.size());
+  }
+  if (index < memo_.size()) {
+    memo_[static_cast<std::size_t>(index)] = stack_.back();
+    return;
+  }
+  if (memo_.size() >= limits_.max_memo_entries) {
+    error(ErrorCode::pickle_memo_limit, "more than max_memo_entries ", limits_.max_memo_entries, " memo entries");
+  }
+  memo_.push_back(stack_.back());
+}
+
+void Machine::memo_get(std::uint64_t index) {
+  if (index >= memo_.size()) {
+    error(ErrorCode::pickle_memo_missing, "index ", index, " was never stored (memo size ", memo_.size(), ")");
+  }
+  const Item entry = memo_[static_cast<std::size_t>(index)];
+  if (entry.holds_mutable) {
+    error(ErrorCode::pickle_memo_mutable, "memo ", index, " is (or holds) a mutable ", describe(entry),
+          "; sharing it would allow cycles and aliasing");
+  }
+  expanded_nodes_ = saturating_add(expanded_nodes_, entry.nodes);
+  if (expanded_nodes_ > limits_.max_expanded_nodes) {
+    error(ErrorCode::pickle_expansion_limit, "shared references expand past max_expanded_nodes ",
+          limits_.max_expanded_nodes);
+  }
+  push(entry);
+}
+
+// ---- globals ----------------------------------------------------------------------------
+
+// Every allowlisted name is a dotted identifier, so the identifier check is
+// needed only on the way to a rejection, where it picks the error.
+GlobalRef Machine::resolve_global(std::string_view module, std::string_view name) const {
+  constexpr DType kNoDType = DType::uint8;
+  if (module == "collections" && name == "OrderedDict") return {GlobalKind::ordered_dict, kNoDType};
+  if (module == "collections" && name == "Counter") return {GlobalKind::counter, kNoDType};
+  if (module == "torch._utils") {
+    if (name == "_rebuild_tensor_v2") return {GlobalKind::rebuild_tensor_v2, kNoDType};
+    if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3, kNoDType};
+    if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType};
+  }
+  if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType};
+  if ((module == "torch" || module == "torch.storage") && name == "UntypedStorage") {
+    return {GlobalKind::untyped_storage_type, kNoDType};
+  }
+  if (module == "torch") {
+    if (const auto dtype = dtype_from_storage_class(name)) return {GlobalKind::storage_type, *dtype};
+    if (const auto dtype = dtype_from_name(name); dtype && dtype_in_torch(*dtype)) return {GlobalKind::dtype, *dtype};
+  }
+  if (!is_identifier_path(module) || !is_identifier_path(name)) {
+    error(ErrorCode::pickle_global_malformed, "'", printable(module), "' '", printable(name),
+          "' is not a dotted identifier of at most ", op::kMaxGlobalPartBytes, " bytes");
+  }
+  if (module == "torch" && is_quantized_storage_class(name)) {
+    error(ErrorCode::storage_type_unsupported, "torch.", name, " holds quantized data, not a plain dtype");
+  }
+  error(ErrorCode::pickle_global_forbidden, module, ".", name, " is not on the allowlist");
+}
+
+void Machine::do_global() {
+  const std::size_t max = op::kMaxGlobalPartBytes;
+  const std::string_view module = take_line(max, ErrorCode::pickle_global_malformed, true, "the module name");
+  const std::string_view name = take_line(max, ErrorCode::pickle_global_malformed, true, "the attribute name");
+  push(global_item(resolve_global(module, name)));
+}
+
+void Machine::do_stack_global() {
+  require(2);
+  const Item name = pop();
+  const Item module = pop();
+  if (module.kind != ItemKind::text || name.kind != ItemKind::text) {
+    error(ErrorCode::pickle_global_malformed, "module and name must be str, not ", describe(module), " and ",
+          describe(name));
+  }
+  push(global_item(resolve_global(text(module), text(name))));
+}
+
+// ---- persistent ids ---------------------------------------------------------------------
+
+// The number a zip archive's storage key stands for (canonical decimals of at
+// most 19 digits, so it cannot overflow); nullopt for legacy keys.
+std::optional<std::uint64_t> Machine::storage_number(std::string_view key) const {
+  if (!options_.canonical_storage_keys) return std::nullopt;
+  std::uint64_t number = 0;
+  for (char digit : key) number = number * 10 + static_cast<std::uint64_t>(digit - '0');
+  return number;
+}
+
+std::size_t Machine::find_storage(std::string_view key) const {
+  if (const auto number = storage_number(key); number && *number < storages_by_number_.size()) {
+    if (storages_by_number_[*number] != 0) return storages_by_number_[*number] - 1;
+  }
+  if (storage_slots_.empty()) return kNoValue;
+  const std::size_t mask = storage_slots_.size() - 1;
+  for (std::size_t slot = std::hash<std::string_view>{}(key) & mask; storage_slots_[slot] != 0;
+       slot = (slot + 1) & mask) {
+    const std::size_t position = storage_slots_[slot] - 1;
+    if (storage_refs_[position].key == key) return position;
+  }
+  return kNoValue;
+}
+
+void Machine::index_storage(std::size_t position) {
+  const auto number = storage_number(storage_refs_[position].key);
+  if (number && *number < 2 * storage_refs_.size() + 1024) {
+    if (*number >= storages_by_number_.size()) storages_by_number_.resize(*number + 1, 0);
+    storages_by_number_[*number] = position + 1;
+    return;
+  }
+  // Keep the table at most half full, doubling it as needed.
+  if (2 * (hashed_storages_ + 1) > storage_slots_.size()) {
+    const std::vector<std::size_t> old =
+        std::exchange(storage_slots_, std::vector<std::size_t>(std::max<std::size_t>(64, 2 * storage_slots_.size())));
+    for (const std::size_t entry : old) {
+      if (entry != 0) place_hashed_storage(entry - 1);
+    }
+  }
+  place_hashed_storage(position);
+  ++hashed_storages_;
+}
+
+void Machine::place_hashed_storage(std::size_t position) {
+  const std::size_t mask = storage_slots_.size() - 1;
+  std::size_t slot = std::hash<std::string_view>{}(storage_refs_[position].key) & mask;
+  while (storage_slots_[slot] != 0) slot = (slot + 1) & mask;
+  storage_slots_[slot] = position + 1;
+}
+
+void Machine::do_binpersid() {
+  const Item pid = pop();
+  const bool legacy = options_.persistent_ids == PersistentIdForm::legacy;
+  const std::size_t expected = legacy ? 6 : 5;
+  const bool is_tuple = pid.kind == ItemKind::tuple;
+  if (!is_tuple || tuple_size(pid) != expected) {
+    error(ErrorCode::persistent_id_invalid, "the persistent id is a ", describe(pid),
+          is_tuple ? " of " + std::to_string(tuple_size(pid)) + " items" : std::string(), ", not a ", expected,
+          "-tuple ('storage', type, key, location, numel", legacy ? ", view_metadata)" : ")");
+  }
+  const Item& tag = element(pid, 0);
+  if (tag.kind != ItemKind::text || text(tag) != "storage") {
+    error(ErrorCode::persistent_id_invalid, "the first item is not the str 'storage'");
+  }
+  const Item& type = element(pid, 1);
+  if (type.kind != ItemKind::global) {
+    error(ErrorCode::persistent_id_invalid, "the storage type is a ", describe(type), ", not a global");
+  }
+  if (type.global.kind != GlobalKind::storage_type && type.global.kind != GlobalKind::untyped_storage_type) {
+    error(ErrorCode::storage_type_unsupported, global_name(type.global), " is not a storage type");
+  }
+  const Item& key = element(pid, 2);
+  const Item& location = element(pid, 3);
+  const Item& numel = element(pid, 4);
+  if (key.kind != ItemKind::text) error(ErrorCode::persistent_id_invalid, "the key is a ", describe(key));
+  if (location.kind != ItemKind::text) {
+    error(ErrorCode::persistent_id_invalid, "the location is a ", describe(location));
+  }
+  if (numel.kind != ItemKind::integer) error(ErrorCode::persistent_id_invalid, "numel is a ", describe(numel));
+  if (legacy && element(pid, 5).kind != ItemKind::none) {
+    error(ErrorCode::legacy_view_metadata_unsupported, "view_metadata is a ", describe(element(pid, 5)),
+          ", not None");
+  }
+
+  const bool untyped = type.global.kind == GlobalKind::untyped_storage_type;
+  const DType dtype = untyped ? DType::uint8 : type.global.dtype;
+  const std::string_view key_text = text(key);
+  const bool key_ok =
+      options_.canonical_storage_keys ? is_canonical_decimal(key_text, 19) : is_legacy_storage_key(key_text);
+  if (!key_ok) {
+    error(ErrorCode::storage_key_invalid, "key '", printable(key_text), "' is not ",
+          options_.canonical_storage_keys ? "a canonical decimal of at most 19 digits"
+                                          : "1..64 characters of [0-9A-Za-z_]");
+  }
+  if (!is_supported_location(text(location))) {
+    error(ErrorCode::storage_location_unsupported, "location '", printable(text(location)),
+          "' is not cpu, cuda, cuda:<n> or mps");
+  }
+  if (numel.integer < 0) error(ErrorCode::storage_numel_invalid, "numel ", numel.integer, " is negative");
+  const auto count = static_cast<std::uint64_t>(numel.integer);
+  const auto nbytes = checked_mul<std::uint64_t>(count, dtype_itemsize(dtype));
+  if (!nbytes || *nbytes > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    error(ErrorCode::storage_numel_invalid, "numel ", count, " x itemsize ", dtype_itemsize(dtype), " overflows");
+  }
+
+  Item item;
+  item.kind = ItemKind::storage;
+  item.vm_only = true;
+  if (const std::size_t found = find_storage(key_text); found != kNoValue) {
+    const StorageRef& first = storage_refs_[found];
+    if (first.untyped != untyped || first.dtype != dtype || first.numel != count) {
+      error(ErrorCode::storage_redeclared, "storage '", key_text, "' was declared as ",
+            first.untyped ? std::string("UntypedStorage") : std::string(dtype_name(first.dtype)), " x ", first.numel,
+            " and now as ", untyped ? std::string("UntypedStorage") : std::string(dtype_name(dtype)), " x ", count);
+    }
+    item.index = found;
+    push(item);
+    return;
+  }
+  if (storage_refs_.size() >= limits_.max_tensors) {
+    error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " storages");
+  }
+  StorageRequest request;
+  request.untyped = untyped;
+  request.dtype = dtype;
+  request.key = std::string(key_text);
+  request.location = std::string(text(location));
+  request.numel = count;
+  auto resolved = storages_.resolve(request);
+  if (!resolved || resolved->nbytes() != *nbytes) {
+    error(ErrorCode::storage_size_mismatch, "storage '", key_text, "' has ", resolved ? resolved->nbytes() : 0,
+          " bytes, expected ", *nbytes);
+  }
+  item.index = storage_refs_.size();
+  storage_refs_.push_back({key_text, count, std::move(resolved), dtype, untyped});
+  index_storage(item.index);
+  push(item);
+}
+
+// ---- REDUCE -----------------------------------------------------------------------------
+
+void Machine::do_reduce() {
+  require(2);
+  const Item args = pop();
+  const Item callable = pop();
+  if (callable.kind != ItemKind::global) {
+    error(ErrorCode::pickle_call_forbidden, "a ", describe(callable), " is not callable");
+  }
+  if (args.kind != ItemKind::tuple) {
+    error(ErrorCode::pickle_call_args_invalid, "the arguments are a ", describe(args), ", not a tuple");
+  }
+  switch (callable.global.kind) {
+    case GlobalKind::ordered_dict: push(reduce_ordered_dict(args)); return;
+    case GlobalKind::counter: push(reduce_counter(args)); return;
+    case GlobalKind::rebuild_tensor_v2: push(reduce_tensor(args, false)); return;
+    case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(args, true)); return;
+    case GlobalKind::rebuild_parameter: push(reduce_parameter(args)); return;
+    case GlobalKind::codecs_encode: push(reduce_codecs_encode(args)); return;
+    case GlobalKind::storage_type:
+    case GlobalKind::untyped_storage_type:
+    case GlobalKind::dtype: break;
+  }
+  error(ErrorCode::pickle_call_forbidden, global_name(callable.global), " is a type tag, never called");
+}
+
+// OrderedDict() or, as Python 2 reduced it, OrderedDict([[key, value], ...]).
+Item Machine::reduce_ordered_dict(const Item& args) {
+  if (tuple_size(args) == 0) return empty_container_item(ValueKind::ordered_dict);
+  const auto items_kind = tuple_size(args) == 1 ? value_kind(element(args, 0)) : std::nullopt;
+  if (items_kind != ValueKind::list && items_kind != ValueKind::tuple) {
+    error(ErrorCode::pickle_call_args_invalid, "OrderedDict takes () or one list of [key, value] pairs");
+  }
+  const Value items = take_value(element(args, 0), "the OrderedDict items");
+  Dict dict;
+  count_elements(items.as_list().size());
+  for (const Value& pair : items.as_list()) {
+    if (!pair.is_sequence() || pair.as_list().size() != 2) {
+      error(ErrorCode::pickle_call_args_invalid, "an OrderedDict item is a ", value_kind_name(pair.kind()),
+            ", not a [key, value] pair");
+    }
+    const Value& key = pair.as_list()[0];
+    std::optional<DictKey> dict_key;
+    if (key.is_string()) dict_key.emplace(key.as_string());
+    if (key.is_int()) dict_key.emplace(key.as_int());
+    if (!dict_key) error(ErrorCode::pickle_dict_key_invalid, "a ", value_kind_name(key.kind()), " key");
+    if (!dict.insert(*dict_key, pair.as_list()[1])) {
+      error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key->to_string()), " occurs twice");
+    }
+  }
+  Item item = value_item(Value::ordered_dict(std::move(dict)));
+  // args = (items,) with items = [(key, value), ...]: the dict sits two levels
+  // shallower than the argument tuple and holds the same nodes.
+  item.depth = std::max<std::uint32_t>(1, args.depth - 2);
+  item.nodes = args.nodes;
+  item.holds_mutable = true;
+  return item;
+}
+
+// Counter() or Counter({key: count, ...}): how torch 2.x pickles MultiStepLR's
+// milestones. Read as a plain dict of int counts (docs/format.md).
+Item Machine::reduce_counter(const Item& args) {
+  if (tuple_size(args) == 0) return empty_container_item(ValueKind::dict);
+  if (tuple_size(args) != 1 || value_kind(element(args, 0)) != ValueKind::dict) {
+    error(ErrorCode::pickle_call_args_invalid, "collections.Counter takes () or one dict of counts");
+  }
+  const Value counts = take_value(element(args, 0), "the Counter's counts");
+  for (const auto& [key, count] : counts.as_dict()) {
+    if (!count.is_int()) {
+      error(ErrorCode::pickle_call_args_invalid, "the Counter count of key ", printable(key.to_string()), " is a ",
+            value_kind_name(count.kind()), ", not an int");
+    }
+  }
+  Item item = value_item(Value::dict(counts.as_dict()));
+  // args = (counts,): the dict sits one level shallower and holds the same nodes.
+  item.depth = std::max<std::uint32_t>(1, args.depth - 1);
+  item.nodes = args.nodes;
+  item.holds_mutable = true;
+  return item;
+}
+
+// _codecs.encode(text, 'latin1'): how Python pickles bytes at protocol 2.
+Item Machine::reduce_codecs_encode(const Item& args) {
+  const bool pair = tuple_size(args) == 2;
+  if (!pair || element(args, 0).kind != ItemKind::text || element(args, 1).kind != ItemKind::text ||
+      text(element(args, 1)) != "latin1") {
+    error(ErrorCode::pickle_call_args_invalid, "_codecs.encode takes exactly (str, 'latin1')");
+  }
+  const std::string_view utf8 = text(element(args, 0));  // strict UTF-8, checked when read
+  std::string bytes;
+  bytes.reserve(utf8.size());
+  for (std::size_t i = 0; i < utf8.size();) {
+    const auto lead = static_cast<unsigned char>(utf8[i]);
+    if (lead < 0x80) {
+      bytes.push_back(static_cast<char>(lead));
+      ++i;
+    } else if (lead == 0xC2 || lead == 0xC3) {
+      bytes.push_back(static_cast<char>(((lead & 0x1Fu) << 6) | (static_cast<unsigned char>(utf8[i + 1]) & 0x3Fu)));
+      i += 2;
+    } else {
+      error(ErrorCode::pickle_call_args_invalid, "_codecs.encode: a code point above U+00FF at byte ", i,
+            " has no latin1 encoding");
+    }
+  }
+  const Value owned = Value::bytes(std::move(bytes));
+  Item item = text_item(ItemKind::bytes, owned.as_bytes());
+  texts_[item.index].owned = values_.size();
+  values_.push_back(owned);
+  return item;
+}
+
+// hooks: None, or an empty dict/OrderedDict that nothing has written to.
+void Machine::check_hooks(const Item& hooks, std::string_view what) const {
+  const auto kind = value_kind(hooks);
+  if (!kind) error(ErrorCode::pickle_call_args_invalid, what, " is not a value");
+  if (*kind == ValueKind::none) return;
+  if (*kind != ValueKind::dict && *kind != ValueKind::ordered_dict) {
+    error(ErrorCode::pickle_call_args_invalid, what, " is a ", value_kind_name(*kind), ", not a dict");
+  }
+  if (!is_empty_dict(hooks)) error(ErrorCode::tensor_hooks_not_empty, what, " is not an empty dict");
+}
+
+std::vector<std::int64_t> Machine::int_tuple(const Item& item, std::string_view what) const {
+  if (item.kind != ItemKind::tuple || item.vm_only) {
+    error(ErrorCode::pickle_call_args_invalid, what, " is not a tuple");
+  }
+  const std::size_t count = tuple_size(item);
+  if (count > limits_.max_tensor_rank) {
+    error(ErrorCode::tensor_rank_limit, what, " has ", count, " dimensions, more than max_tensor_rank ",
+          limits_.max_tensor_rank);
+  }
+  std::vector<std::int64_t> out;
+  out.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const Item& dimension = element(item, i);
+    if (dimension.kind != ItemKind::integer) {
+      error(ErrorCode::pickle_call_args_invalid, what, " holds a ", describe(dimension));
+    }
+    out.push_back(dimension.integer);
+  }
+  return out;
+}
+
+// _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
+// _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata])
+Item Machine::reduce_tensor(const Item& args, bool v3) {
+  const std::size_t required = v3 ? 7 : 6;
+  const char* callable = v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2";
+  if (tuple_size(args) != required && tuple_size(args) != required + 1) {
+    error(ErrorCode::pickle_call_args_invalid, callable, " takes ", required, " or ", required + 1, " arguments, not ",
+          tuple_size(args));
+  }
+  const Item& storage_item = element(args, 0);
+  if (storage_item.kind != ItemKind::storage || storage(storage_item).untyped != v3) {
+    error(ErrorCode::pickle_call_args_invalid, "argument 0 is a ", describe(storage_item), ", not ",
+          v3 ? "an UntypedStorage" : "a typed storage");
+  }
+  const StorageRef& storage_ref = storage(storage_item);
+  DType dtype = storage_ref.dtype;
+  if (v3) {
+    const Item& dtype_tag = element(args, 6);
+    if (dtype_tag.kind != ItemKind::global || dtype_tag.global.kind != GlobalKind::dtype) {
+      error(ErrorCode::pickle_call_args_invalid, "argument 6 is a ", describe(dtype_tag), ", not a torch dtype");
+    }
+    dtype = dtype_tag.global.dtype;
+  }
+  const Item& offset_value = element(args, 1);
+  if (offset_value.kind != ItemKind::integer) {
+    error(ErrorCode::pickle_call_args_invalid, "the storage offset is a ", describe(offset_value), ", not an int");
+  }
+  const Item& requires_grad = element(args, 4);
+  if (requires_grad.kind != ItemKind::boolean) {
+    error(ErrorCode::pickle_call_args_invalid, "requires_grad is a ", describe(requires_grad), ", not a bool");
+  }
+  TensorData tensor;
+  tensor.dtype = dtype;
+  tensor.sizes = int_tuple(element(args, 2), "size");
+  tensor.strides = int_tuple(element(args, 3), "stride");
+  tensor.storage_offset = offset_value.integer;
+  tensor.requires_grad = requires_grad.boolean;
+  tensor.storage = storage_ref.storage;
+  check_hooks(element(args, 5), "backward_hooks");
+  if (tuple_size(args) == required + 1) {
+    // torch 2.x passes tensor metadata (conj/neg bits...) only when non-empty.
+    const Item& metadata = element(args, required);
+    const auto metadata_kind = value_kind(metadata);
+    if (metadata_kind != ValueKind::dict && metadata_kind != ValueKind::ordered_dict) {
+      error(ErrorCode::pickle_call_args_invalid, "the rebuild metadata is a ", describe(metadata), ", not a dict");
+    }
+    check_hooks(metadata, "the rebuild metadata");
+  }
+  // Geometry, mirroring ATen's set_() but stricter (format reference §7.3).
+  if (tensor.sizes.size() != tensor.strides.size()) {
+    error(ErrorCode::tensor_geometry_invalid, "size has ", tensor.sizes.size(), " dimensions, stride ",
+          tensor.strides.size());
+  }
+  bool empty = false;
+  for (std::size_t d = 0; d < tensor.sizes.size(); ++d) {
+    if (tensor.sizes[d] < 0 || tensor.strides[d] < 0) {
+      error(ErrorCode::tensor_geometry_invalid, "dimension ", d, " has size ", tensor.sizes[d], " and stride ",
+            tensor.strides[d]);
+    }
+    empty = empty || tensor.sizes[d] == 0;
+  }
+  // As in ATen, any zero-size dimension makes the tensor empty, whatever the
+  // other sizes multiply to.
+  std::uint64_t numel = empty ? 0 : 1;
+  for (std::size_t d = 0; d < tensor.sizes.size() && !empty; ++d) {
+    const auto product = checked_mul<std::uint64_t>(numel, static_cast<std::uint64_t>(tensor.sizes[d]));
+    if (!product) error(ErrorCode::tensor_numel_limit, "the element count overflows 64 bits");
+    numel = *product;
+  }
+  if (numel > limits_.max_tensor_numel) {
+    error(ErrorCode::tensor_numel_limit, numel, " elements exceed max_tensor_numel ", limits_.max_tensor_numel);
+  }
+  if (tensor.storage_offset < 0) {
+    error(ErrorCode::tensor_geometry_invalid, "storage offset ", tensor.storage_offset, " is negative");
+  }
+  const std::size_t itemsize = dtype_itemsize(dtype);
+  const std::uint64_t storage_bytes = storage_ref.storage->nbytes();
+  if (storage_bytes % itemsize != 0) {
+    error(ErrorCode::storage_size_mismatch, "storage '", storage_ref.key, "' of ", storage_bytes,
+          " bytes is not a whole number of ", dtype_name(dtype), " elements");
+  }
+  const std::uint64_t storage_numel = storage_bytes / itemsize;
+  const auto offset = static_cast<std::uint64_t>(tensor.storage_offset);
+  if (numel > 0) {
+    std::optional<std::uint64_t> last = offset;
+    for (std::size_t d = 0; d < tensor.sizes.size() && last; ++d) {
+      const auto step = checked_mul<std::uint64_t>(static_cast<std::uint64_t>(tensor.sizes[d] - 1),
+                                                   static_cast<std::uint64_t>(tensor.strides[d]));
+      last = step ? checked_add(*last, *step) : std::nullopt;
+    }
+    if (!last || *last >= storage_numel) {
+      error(ErrorCode::tensor_out_of_bounds, "the view reaches element ",
+            last ? std::to_string(*last) : std::string("past 2^64"), " of a storage of ", storage_numel, " elements");
+    }
+  } else if (offset > storage_numel) {
+    error(ErrorCode::tensor_out_of_bounds, "an empty view at offset ", offset, " of a storage of ", storage_numel,
+          " elements");
+  }
+  const auto logical_bytes = checked_mul<std::uint64_t>(numel, itemsize);
+  const auto expansion_bound =
+      checked_add<std::uint64_t>(checked_mul<std::uint64_t>(storage_bytes, limits_.max_view_expansion)
+                                     .value_or(std::numeric_limits<std::uint64_t>::max()),
+                                 4096)
+          .value_or(std::numeric_limits<std::uint64_t>::max());
+  if (!logical_bytes || *logical_bytes > limits_.max_tensor_logical_bytes || *logical_bytes > expansion_bound) {
+    error(ErrorCode::tensor_bytes_limit, numel, " elements of ", itemsize, " bytes exceed max_tensor_logical_bytes ",
+          limits_.max_tensor_logical_bytes, " or ", limits_.max_view_expansion, " x the storage's ", storage_bytes,
+          " bytes + 4096");
+  }
+  if (tensor.requires_grad && !dtype_is_differentiable(dtype)) {
+    error(ErrorCode::tensor_requires_grad_invalid, "requires_grad on a ", dtype_name(dtype), " tensor");
+  }
+  if (++tensor_count_ > limits_.max_tensors) {
+    error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " tensors");
+  }
+  return value_item(Value::tensor(std::move(tensor)));
+}
+
+// _rebuild_parameter(tensor, requires_grad, OrderedDict()): nn.Parameter.
+Item Machine::reduce_parameter(const Item& args) {
+  const bool triple = tuple_size(args) == 3;
+  if (!triple || value_kind(element(args, 0)) != ValueKind::tensor || element(args, 1).kind != ItemKind::boolean) {
+    error(ErrorCode::pickle_call_args_invalid, "_rebuild_parameter takes exactly (Tensor, bool, OrderedDict())");
+  }
+  check_hooks(element(args, 2), "backward_hooks");
+  TensorData parameter = values_[element(args, 0).index].as_tensor();
+  parameter.is_parameter = true;
+  parameter.requires_grad = element(args, 1).boolean;
+  if (parameter.requires_grad && !dtype_is_differentiable(parameter.dtype)) {
+    error(ErrorCode::tensor_requires_grad_invalid, "requires_grad on a ", dtype_name(parameter.dtype), " parameter");
+  }
+  return value_item(Value::tensor(std::move(parameter)));
+}
+
+// ---- BUILD ------------------------------------------------------------------------------
+
+constexpr std::string_view kMetadataKey = "_metadata";
+
+// state = {'_metadata': {prefix: {name: int}}}, what nn.Module.state_dict() sets.
+void Machine::validate_metadata(const Value& state) const {
+  const Value* metadata = state.is_dict() && state.as_dict().size() == 1 ? state.as_dict().find(kMetadataKey) : nullptr;
+  if (!metadata) error(ErrorCode::pickle_build_forbidden, "the state is not a dict whose only key is '_metadata'");
+  if (!metadata->is_dict()) error(ErrorCode::pickle_build_forbidden, "_metadata is not a dict");
+  for (const auto& [prefix, entry] : metadata->as_dict()) {
+    if (!prefix.is_string() || !entry.is_dict()) {
+      error(ErrorCode::pickle_build_forbidden, "_metadata maps ", prefix.to_string(), " to a ",
+            value_kind_name(entry.kind()), ", not a dict of str to int");
+    }
+    for (const auto& [name, number] : entry.as_dict()) {
+      if (!name.is_string() || !number.is_int()) {
+        error(ErrorCode::pickle_build_forbidden, "_metadata[", prefix.to_string(), "] maps ", name.to_string(),
+              " to a ", value_kind_name(number.kind()), ", not an int");
+      }
+    }
+  }
+}
+
+void Machine::do_build() {
+  require(2);
+  const Item state = pop();
+  Item& target = stack_.back();
+  if (value_kind(target) != ValueKind::ordered_dict) {
+    error(ErrorCode::pickle_build_forbidden, "BUILD on a ", describe(target), "; only an OrderedDict takes _metadata");
+  }
+  if (target.kind == ItemKind::value && values_[target.index].as_dict().metadata()) {
+    error(ErrorCode::pickle_build_forbidden, "the OrderedDict already has _metadata");
+  }
+  if (state.vm_only) error(ErrorCode::pickle_build_forbidden, "the state is a ", describe(state));
+  const Value state_value = take_value(state, "the state");
+  validate_metadata(state_value);
+  add_child(target, state);
+  make_mutable(target).mutable_dict().set_metadata(*state_value.as_dict().find(kMetadataKey));
+}
+
+// ---- the loop ---------------------------------------------------------------------------
+
+PickleResult Machine::run() {
+  if (!allow_trailing_bytes_) {
+    if (size_ > limits_.max_pickle_bytes) {
+      detail::fail(ErrorCode::pickle_too_large, "the pickle has ", size_, " bytes, more than max_pickle_bytes ",
+                   limits_.max_pickle_bytes);
+    }
+    reserve_for_dense_state_dict();
+  }
+  for (;;) {
+    op_offset_ = pos_;
+    if (pos_ >= window_end_) {
+      if (window_end_ < size_) {
+        detail::fail(ErrorCode::pickle_too_large, "pickle offset ", pos_, ": no STOP within max_pickle_bytes ",
+                     limits_.max_pickle_bytes);
+      }
+      detail::fail(ErrorCode::pickle_truncated, "pickle offset ", pos_, ": the pickle ends before STOP");
+    }
+    op_ = take_u8();
+    if (++opcode_count_ > limits_.max_opcodes) {
+      error(ErrorCode::pickle_opcode_limit, "more than max_opcodes ", limits_.max_opcodes, " opcodes");
+    }
+    switch (op_) {
+      case op::PROTO: do_proto(); break;
+      case op::FRAME: begin_frame(); break;
+      case op::STOP: {
+        if (!marks_.empty() || stack_.size() != 1) {
+          error(ErrorCode::pickle_stop_invalid, stack_.size(), " stack items and ", marks_.size(),
+                " open MARKs; expected one item and none");
+        }
+        Value root = take_value(stack_.back(), "the pickled object");
+        if (!allow_trailing_bytes_ && pos_ != size_) {
+          error(ErrorCode::pickle_trailing_bytes, size_ - pos_, " bytes follow STOP");
+        }
+        PickleResult result;
+        result.root = std::move(root);
+        result.consumed = pos_;
+        result.protocol = protocol_;
+        result.uses_binfloat = uses_binfloat_;
+        result.tensor_count = tensor_count_;
+        result.storage_count = storage_refs_.size();
+        return result;
+      }
+      case op::MARK:
+        if (marks_.size() >= limits_.max_mark_depth) {
+          error(ErrorCode::pickle_mark_limit, "more than max_mark_depth ", limits_.max_mark_depth, " open MARKs");
+        }
+        marks_.push_back(stack_.size());
+        break;
+      case op::EMPTY_DICT: push(empty_container_item(ValueKind::dict)); break;
+      case op::EMPTY_LIST: push(empty_container_item(ValueKind::list)); break;
+      case op::EMPTY_TUPLE: do_tuple(0, false); break;
+      case op::TUPLE: do_tuple(0, true); break;
+      case op::TUPLE1: do_tuple(1, false); break;
+      case op::TUPLE2: do_tuple(2, false); break;
+      case op::TUPLE3: do_tuple(3, false); break;
+      case op::SETITEM: do_setitem(false); break;
+      case op::SETITEMS: do_setitem(true); break;
+      case op::APPEND: do_append(false); break;
+      case op::APPENDS: do_append(true); break;
+      case op::NONE: push(Item()); break;
+      case op::NEWTRUE: push(boolean_item(true)); break;
+      case op::NEWFALSE: push(boolean_item(false)); break;
+      case op::BININT1: push(integer_item(static_cast<std::int64_t>(take_le(1)))); break;
+      case op::BININT2: push(integer_item(static_cast<std::int64_t>(take_le(2)))); break;
+      case op::BININT:
+        push(integer_item(static_cast<std::int32_t>(static_cast<std::uint32_t>(take_le(4)))));
+        break;
+      case op::LONG1: do_long1(); break;
+      case op::INT: do_int_line(); break;
+      case op::LONG: do_long_line(); break;
+      case op::BINFLOAT: {
+        const std::byte* p = take(8);
+        std::uint64_t bits = 0;
+        for (int i = 0; i < 8; ++i) bits = (bits << 8) | std::to_integer<std::uint8_t>(p[i]);  // big-endian
+        uses_binfloat_ = true;
+        push(floating_item(std::bit_cast<double>(bits)));
+        break;
+      }
+      case op::SHORT_BINUNICODE: push(take_string(take_le(1), false)); break;
+      case op::BINUNICODE: push(take_string(take_le(4), false)); break;
+      case op::BINUNICODE8: push(take_string(take_le(8), false)); break;
+      case op::SHORT_BINSTRING: push(take_string(take_le(1), true)); break;
+      case op::BINSTRING: {
+        const auto length = static_cast<std::int32_t>(static_cast<std::uint32_t>(take_le(4)));
+        if (length < 0) error(ErrorCode::pickle_string_invalid, "negative length ", length);
+        push(take_string(static_cast<std::uint64_t>(length), true));
+        break;
+      }
+      case op::SHORT_BINBYTES: push(take_bytes(take_le(1))); break;
+      case op::BINBYTES: push(take_bytes(take_le(4))); break;
+      case op::BINPUT: memo_put(take_le(1)); break;
+      case op::LONG_BINPUT: memo_put(take_le(4)); break;
+      case op::MEMOIZE: memo_put(memo_.size()); break;
+      case op::BINGET: memo_get(take_le(1)); break;
+      case op::LONG_BINGET: memo_get(take_le(4)); break;
+      case op::GLOBAL: do_global(); break;
+      case op::STACK_GLOBAL: do_stack_global(); break;
+      case op::REDUCE: do_reduce(); break;
+      case op::BUILD: do_build(); break;
+      case op::BINPERSID: do_binpersid(); break;
+      default: {
+        constexpr char kHex[] = "0123456789abcdef";
+        const std::string hex = {'0', 'x', kHex[op_ >> 4], kHex[op_ & 15]};
+        error(ErrorCode::pickle_opcode_forbidden, "opcode ", hex, " is not on the allowlist");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+PickleResult read_pickle(std::span<const std::byte> pickle, StorageResolver& storages, const Limits& limits,
+                         const PickleOptions& options, bool allow_trailing_bytes) {
+  Machine machine(pickle, storages, limits, options, allow_trailing_bytes);
+  return machine.run();
+}
+
+}  // namespace holdpoint::format

@@ -1,0 +1,73 @@
+// The restricted pickle VM: decodes a PyTorch data.pkl into a Value without
+// executing anything.
+//
+// Only an allowlist of opcodes is interpreted, GLOBAL/STACK_GLOBAL may name
+// only the callables and type tags of docs/format.md ("Pickle allowlist"), and
+// REDUCE/BUILD accept only the exact argument shapes honest torch.save output
+// has. Every count and size is checked against Limits before it is used. The
+// VM never calls back into anything but the StorageResolver.
+//
+// Failure contract: throws holdpoint::Error with a pickle_*, persistent_id_*,
+// storage_* or tensor_* code and the byte offset of the offending opcode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "holdpoint/format/dtype.h"
+#include "holdpoint/format/limits.h"
+#include "holdpoint/format/value.h"
+
+namespace holdpoint::format {
+
+// A validated persistent id: ('storage', <dtype tag>, key, location, numel).
+struct StorageRequest {
+  // The dtype of the storage class; uint8 for torch.UntypedStorage (numel is
+  // then in bytes and the tensor's dtype comes from _rebuild_tensor_v3).
+  DType dtype = DType::uint8;
+  bool untyped = false;
+  std::string key;       // canonical decimal in zip files; any short string in legacy streams
+  std::string location;  // "cpu", "cuda:0", ...
+  std::uint64_t numel = 0;
+};
+
+// Supplies the bytes of each storage the first time its key is seen. Must
+// return a storage of exactly numel x itemsize bytes or throw (storage_*).
+class StorageResolver {
+ public:
+  virtual ~StorageResolver() = default;
+  virtual std::shared_ptr<const Storage> resolve(const StorageRequest& request) = 0;
+};
+
+enum class PersistentIdForm : std::uint8_t {
+  zip,     // ('storage', type, key, location, numel)
+  legacy,  // ('storage', type, key, location, numel, view_metadata=None)
+};
+
+struct PickleOptions {
+  PersistentIdForm persistent_ids = PersistentIdForm::zip;
+  // Zip archives: keys must be canonical decimals ("0", "17"). Legacy streams
+  // use pointer-like decimals too, but are checked by their own reader.
+  bool canonical_storage_keys = true;
+};
+
+struct PickleResult {
+  Value root;
+  std::size_t consumed = 0;  // bytes up to and including STOP
+  int protocol = 0;          // 0 or 1 when there is no PROTO opcode
+  bool uses_binfloat = false;
+  std::uint64_t tensor_count = 0;
+  std::uint64_t storage_count = 0;  // distinct storage keys resolved
+};
+
+// Runs the VM over `pickle`. With `allow_trailing_bytes` (legacy streams, where
+// several pickles follow each other) decoding stops at STOP and `consumed`
+// tells where; otherwise bytes after STOP are rejected.
+PickleResult read_pickle(std::span<const std::byte> pickle, StorageResolver& storages, const Limits& limits,
+                         const PickleOptions& options = {}, bool allow_trailing_bytes = false);
+
+}  // namespace holdpoint::format

@@ -1,0 +1,483 @@
+// The restricted pickle emitter. See pickle_writer.h for the contract and the
+// format reference §2.1, §2.2 and §2.4 for why each encoding was chosen: every
+// form here is one that Python's weights_only unpickler (1.13 in compatibility
+// mode, 2.x otherwise) and holdpoint's own VM both accept.
+#include "format/pickle/pickle_writer.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "base/checked_arithmetic.h"
+#include "base/fail.h"
+#include "format/pickle/pickle_opcodes.h"
+
+namespace holdpoint::format {
+namespace {
+
+namespace op = pickle_op;
+using detail::checked_add;
+using detail::checked_mul;
+using detail::fail;
+
+class Emitter {
+ public:
+  explicit Emitter(const PickleWriteOptions& options) : options_(options) {}
+
+  PickleWriteResult write(const Value& root) {
+    count_tensor_uses(root, 0);
+    put(op::PROTO);
+    put(2);
+    emit(root, 0);
+    put(op::STOP);
+    PickleWriteResult result;
+    result.pickle = std::move(out_);
+    result.storages = std::move(storages_);
+    result.tensor_count = tensor_count_;
+    return result;
+  }
+
+ private:
+  // `level` counts the containers around a value; a container is at level+1.
+  void check_level(std::uint32_t level) const {
+    if (level > options_.limits.max_nesting_depth) {
+      fail(ErrorCode::pickle_nesting_limit, "pickle writer: containers nest deeper than max_nesting_depth ",
+           options_.limits.max_nesting_depth);
+    }
+  }
+
+  // Tied tensors (one TensorData object at two places) are memoized; the scan
+  // also stops a cyclic tree at the nesting bound before emission starts.
+  void count_tensor_uses(const Value& value, std::uint32_t level) {
+    switch (value.kind()) {
+      case ValueKind::tensor: ++tensor_uses_[value.tensor_ptr().get()]; return;
+      case ValueKind::list:
+      case ValueKind::tuple:
+        check_level(level + 1);
+        for (const Value& item : value.as_list()) count_tensor_uses(item, level + 1);
+        return;
+      case ValueKind::dict:
+      case ValueKind::ordered_dict:
+        check_level(level + 1);
+        for (const auto& entry : value.as_dict()) count_tensor_uses(entry.second, level + 1);
+        return;
+      default: return;
+    }
+  }
+
+  // ---- bytes ----
+  void put(std::uint8_t byte) { out_.push_back(std::byte{byte}); }
+  void put_le(std::uint64_t value, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) put(static_cast<std::uint8_t>(value >> (8 * i)));
+  }
+  void put_text(std::string_view text) {
+    const auto* p = reinterpret_cast<const std::byte*>(text.data());
+    out_.insert(out_.end(), p, p + text.size());
+  }
+
+  // ---- scalars ----
+  void emit_int(std::int64_t value) {
+    if (value >= 0 && value <= 0xFF) {
+      put(op::BININT1);
+      put_le(static_cast<std::uint64_t>(value), 1);
+    } else if (value >= 0 && value <= 0xFFFF) {
+      put(op::BININT2);
+      put_le(static_cast<std::uint64_t>(value), 2);
+    } else if (value >= std::numeric_limits<std::int32_t>::min() && value <= std::numeric_limits<std::int32_t>::max()) {
+      put(op::BININT);
+      put_le(static_cast<std::uint32_t>(static_cast<std::int32_t>(value)), 4);
+    } else {
+      // Always 8 bytes: LibTorch's unpickler accepts no other LONG1 length.
+      put(op::LONG1);
+      put(8);
+      put_le(static_cast<std::uint64_t>(value), 8);
+    }
+  }
+
+  void emit_bool(bool value) { put(value ? op::NEWTRUE : op::NEWFALSE); }
+
+  void emit_str(std::string_view text) {
+    if (!op::is_strict_utf8(text)) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: a str of ", text.size(), " bytes is not strict UTF-8");
+    }
+    if (text.size() > std::numeric_limits<std::uint32_t>::max()) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: a str of ", text.size(), " bytes exceeds 4 GiB");
+    }
+    put(op::BINUNICODE);
+    put_le(text.size(), 4);
+    put_text(text);
+  }
+
+  void emit_global(std::string_view module, std::string_view name) {
+    put(op::GLOBAL);
+    put_text(module);
+    put('\n');
+    put_text(name);
+    put('\n');
+  }
+
+  void emit_empty_ordered_dict() {
+    emit_global("collections", "OrderedDict");
+    put(op::EMPTY_TUPLE);
+    put(op::REDUCE);
+  }
+
+  void emit_memo_put(std::uint32_t index) {
+    if (index <= 0xFF) {
+      put(op::BINPUT);
+      put_le(index, 1);
+    } else {
+      put(op::LONG_BINPUT);
+      put_le(index, 4);
+    }
+  }
+
+  void emit_memo_get(std::uint32_t index) {
+    if (index <= 0xFF) {
+      put(op::BINGET);
+      put_le(index, 1);
+    } else {
+      put(op::LONG_BINGET);
+      put_le(index, 4);
+    }
+  }
+
+  void emit_float(double value) {
+    if (options_.torch_1_13_compatible) {
+      // torch 1.13's weights_only unpickler has no BINFLOAT: a 0-d float64 tensor
+      // (Value::as_number reads it back as the number).
+      std::byte bytes[sizeof value];
+      std::memcpy(bytes, &value, sizeof value);
+      synthesizing_ = true;
+      emit_tensor(std::make_shared<const TensorData>(TensorData::from_bytes(DType::float64, {}, bytes)), false);
+      synthesizing_ = false;
+      return;
+    }
+    put(op::BINFLOAT);
+    const auto bits = std::bit_cast<std::uint64_t>(value);
+    for (int shift = 56; shift >= 0; shift -= 8) put(static_cast<std::uint8_t>(bits >> shift));  // big-endian
+  }
+
+  void emit_bytes(std::string_view bytes) {
+    if (options_.torch_1_13_compatible) {
+      // 1.13 does not allowlist _codecs.encode: a 1-d uint8 tensor instead.
+      const auto* p = reinterpret_cast<const std::byte*>(bytes.data());
+      synthesizing_ = true;
+      emit_tensor(std::make_shared<const TensorData>(TensorData::from_bytes(
+                      DType::uint8, {static_cast<std::int64_t>(bytes.size())}, std::span(p, bytes.size()))),
+                  false);
+      synthesizing_ = false;
+      return;
+    }
+    // As Python pickles bytes below protocol 3: _codecs.encode(latin1 text, 'latin1').
+    std::string text;
+    text.reserve(bytes.size() * 2);
+    for (char c : bytes) {
+      const auto byte = static_cast<unsigned char>(c);
+      if (byte < 0x80) {
+        text.push_back(static_cast<char>(byte));
+      } else {
+        text.push_back(static_cast<char>(0xC0 | (byte >> 6)));
+        text.push_back(static_cast<char>(0x80 | (byte & 0x3F)));
+      }
+    }
+    emit_global("_codecs", "encode");
+    emit_str(text);
+    emit_str("latin1");
+    put(op::TUPLE2);
+    put(op::REDUCE);
+  }
+
+  // ---- containers ----
+  void emit_sequence(const Value::List& items, bool is_list, std::uint32_t level) {
+    check_level(level + 1);
+    if (!is_list) {
+      if (items.empty()) {
+        put(op::EMPTY_TUPLE);
+        return;
+      }
+      if (items.size() <= 3) {
+        for (const Value& item : items) emit(item, level + 1);
+        put(items.size() == 1 ? op::TUPLE1 : items.size() == 2 ? op::TUPLE2 : op::TUPLE3);
+        return;
+      }
+      put(op::MARK);
+      for (const Value& item : items) emit(item, level + 1);
+      put(op::TUPLE);
+      return;
+    }
+    // MARK..APPENDS even for one item: LibTorch 1.13 cannot read APPEND.
+    put(op::EMPTY_LIST);
+    for (std::size_t start = 0; start < items.size(); start += op::kBatchSize) {
+      put(op::MARK);
+      const std::size_t end = std::min(items.size(), start + op::kBatchSize);
+      for (std::size_t i = start; i < end; ++i) emit(items[i], level + 1);
+      put(op::APPENDS);
+    }
+  }
+
+  void emit_key(const DictKey& key) {
+    if (key.is_string()) {
+      emit_str(key.as_string());
+    } else {
+      emit_int(key.as_int());
+    }
+  }
+
+  void emit_dict(const Dict& dict, bool ordered, std::uint32_t level) {
+    check_level(level + 1);
+    if (ordered) {
+      emit_empty_ordered_dict();
+    } else {
+      if (dict.metadata()) {
+        fail(ErrorCode::write_value_unsupported,
+             "pickle writer: a plain dict carries _metadata; only an OrderedDict can");
+      }
+      put(op::EMPTY_DICT);
+    }
+    // MARK..SETITEMS even for one pair: LibTorch 1.13 cannot read SETITEM.
+    for (std::size_t start = 0; start < dict.size(); start += op::kBatchSize) {
+      put(op::MARK);
+      const std::size_t end = std::min(dict.size(), start + op::kBatchSize);
+      for (std::size_t i = start; i < end; ++i) {
+        emit_key(dict.at_index(i).first);
+        emit(dict.at_index(i).second, level + 1);
+      }
+      put(op::SETITEMS);
+    }
+    if (ordered && dict.metadata()) emit_metadata(*dict.metadata(), level + 1);
+  }
+
+  // BUILD with state {'_metadata': {prefix: {name: int}}}, as nn.Module.state_dict()
+  // output carries it. Readers accept exactly this shape, so check it here.
+  void emit_metadata(const Value& metadata, std::uint32_t level) {
+    bool valid = metadata.is_dict();
+    if (valid) {
+      for (const auto& [prefix, entry] : metadata.as_dict()) {
+        valid = valid && prefix.is_string() && entry.is_dict() && !entry.as_dict().metadata();
+        if (!valid) break;
+        for (const auto& [name, number] : entry.as_dict()) valid = valid && name.is_string() && number.is_int();
+      }
+    }
+    if (!valid) {
+      fail(ErrorCode::write_value_unsupported,
+           "pickle writer: OrderedDict _metadata must map str to dicts of str to int");
+    }
+    check_level(level + 1);  // the state dict around it
+    put(op::EMPTY_DICT);
+    put(op::MARK);
+    emit_str("_metadata");
+    emit(metadata, level + 1);
+    put(op::SETITEMS);
+    put(op::BUILD);
+  }
+
+  // ---- tensors ----
+  // The bounds the reader enforces (format reference §7.3), so that nothing
+  // this writer emits is refused when read back with the same Limits.
+  void check_geometry(const TensorData& tensor) const {
+    if (!tensor.storage) fail(ErrorCode::invalid_argument, "pickle writer: a tensor has no storage");
+    if (tensor.sizes.size() != tensor.strides.size()) {
+      fail(ErrorCode::invalid_argument, "pickle writer: a tensor has ", tensor.sizes.size(), " sizes and ",
+           tensor.strides.size(), " strides");
+    }
+    const std::uint64_t storage_numel = tensor.storage->nbytes() / tensor.itemsize();
+    bool empty = false;
+    for (std::size_t d = 0; d < tensor.sizes.size(); ++d) {
+      if (tensor.sizes[d] < 0 || tensor.strides[d] < 0) {
+        fail(ErrorCode::invalid_argument, "pickle writer: a tensor has a negative size or stride");
+      }
+      empty = empty || tensor.sizes[d] == 0;
+    }
+    if (tensor.storage_offset < 0) fail(ErrorCode::invalid_argument, "pickle writer: negative storage offset");
+    std::optional<std::uint64_t> last = static_cast<std::uint64_t>(tensor.storage_offset);
+    for (std::size_t d = 0; d < tensor.sizes.size() && !empty && last; ++d) {
+      const auto step = checked_mul<std::uint64_t>(static_cast<std::uint64_t>(tensor.sizes[d] - 1),
+                                                   static_cast<std::uint64_t>(tensor.strides[d]));
+      last = step ? checked_add(*last, *step) : std::nullopt;
+    }
+    if (!last || (empty ? *last > storage_numel : *last >= storage_numel)) {
+      fail(ErrorCode::invalid_argument, "pickle writer: a ", dtype_name(tensor.dtype),
+           " tensor view reaches outside its storage of ", tensor.storage->nbytes(), " bytes");
+    }
+    // In bounds with non-negative strides, so the element count fits: each
+    // dimension's size is at most storage_numel unless its stride is 0.
+    std::optional<std::uint64_t> numel = empty ? 0 : 1;
+    for (std::size_t d = 0; d < tensor.sizes.size() && numel; ++d) {
+      numel = checked_mul<std::uint64_t>(*numel, static_cast<std::uint64_t>(tensor.sizes[d]));
+    }
+    const Limits& limits = options_.limits;
+    const auto bytes = numel ? checked_mul<std::uint64_t>(*numel, tensor.itemsize()) : std::nullopt;
+    const auto expansion = checked_mul<std::uint64_t>(tensor.storage->nbytes(), limits.max_view_expansion);
+    const auto bound = expansion ? checked_add<std::uint64_t>(*expansion, 4096) : std::nullopt;
+    if (!numel || *numel > limits.max_tensor_numel) {
+      fail(ErrorCode::tensor_numel_limit, "pickle writer: a ", dtype_name(tensor.dtype),
+           " view has more elements than Limits::max_tensor_numel (", limits.max_tensor_numel, ")");
+    }
+    if (!bytes || *bytes > limits.max_tensor_logical_bytes || (bound && *bytes > *bound)) {
+      fail(ErrorCode::tensor_bytes_limit, "pickle writer: a ", dtype_name(tensor.dtype),
+           " view describes more elements than the Limits allow over a storage of ", tensor.storage->nbytes(),
+           " bytes");
+    }
+  }
+
+  // ('storage', torch.<X>Storage | torch.storage.UntypedStorage, key, 'cpu', numel)
+  void emit_persistent_id(const TensorData& tensor, std::optional<std::string_view> storage_class) {
+    const Storage& storage = *tensor.storage;
+    const std::size_t itemsize = storage_class ? tensor.itemsize() : 1;
+    if (storage.nbytes() % itemsize != 0) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: a storage of ", storage.nbytes(),
+           " bytes is not a whole number of ", dtype_name(tensor.dtype), " elements");
+    }
+    std::string key;
+    if (auto found = storage_keys_.find(storage.identity()); found != storage_keys_.end()) {
+      const PickledStorage& first = storages_[found->second.index];
+      if (found->second.dtype != tensor.dtype) {
+        fail(ErrorCode::write_storage_dtype_conflict, "pickle writer: storage '", first.key, "' is viewed as ",
+             dtype_name(found->second.dtype), " and as ", dtype_name(tensor.dtype));
+      }
+      if (first.nbytes != storage.nbytes()) {
+        fail(ErrorCode::write_value_unsupported, "pickle writer: two Storage objects with one identity have ",
+             first.nbytes, " and ", storage.nbytes(), " bytes");
+      }
+      key = first.key;
+    } else {
+      // Made-up storages count from 10^12 (record names must be decimal), so
+      // they never shift the keys of the value's own storages.
+      key = std::to_string(synthesizing_ ? kSynthesizedKeyBase + synthesized_count_++ : real_count_++);
+      storage_keys_.emplace(storage.identity(), StorageKey{storages_.size(), tensor.dtype});
+      storages_.push_back(PickledStorage{key, tensor.storage, storage.nbytes(), synthesizing_});
+    }
+    put(op::MARK);
+    emit_str("storage");
+    // torch.UntypedStorage is the same class, but Python's weights_only loader
+    // (2.13) allowlists it only under its defining module, as torch.save names it.
+    if (storage_class) {
+      emit_global("torch", *storage_class);
+    } else {
+      emit_global("torch.storage", "UntypedStorage");
+    }
+    emit_str(key);
+    emit_str("cpu");
+    emit_int(static_cast<std::int64_t>(storage.nbytes() / itemsize));
+    put(op::TUPLE);
+    put(op::BINPERSID);
+  }
+
+  void emit_int_tuple(const std::vector<std::int64_t>& values) {
+    if (values.empty()) {
+      put(op::EMPTY_TUPLE);
+      return;
+    }
+    if (values.size() > 3) put(op::MARK);
+    for (std::int64_t v : values) emit_int(v);
+    const std::uint8_t close[] = {op::TUPLE, op::TUPLE1, op::TUPLE2, op::TUPLE3};
+    put(close[values.size() <= 3 ? values.size() : 0]);
+  }
+
+  // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, OrderedDict()),
+  // v3 with a trailing dtype for dtypes without a storage class, and
+  // _rebuild_parameter(tensor, requires_grad, OrderedDict()) around it for
+  // nn.Parameter.
+  void emit_tensor(const std::shared_ptr<const TensorData>& pointer, bool memoizable) {
+    const TensorData& tensor = *pointer;
+    if (memoizable) {
+      if (auto found = tensor_memo_.find(pointer.get()); found != tensor_memo_.end()) {
+        emit_memo_get(found->second);
+        return;
+      }
+    }
+    // Before any itemsize arithmetic: the sub-byte dtypes have no itemsize.
+    if (!dtype_in_torch(tensor.dtype)) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: torch has no ", dtype_name(tensor.dtype),
+           " dtype, so a .pt file cannot hold this tensor");
+    }
+    check_geometry(tensor);
+    if (tensor.sizes.size() > options_.limits.max_tensor_rank) {
+      fail(ErrorCode::tensor_rank_limit, "pickle writer: a tensor of rank ", tensor.sizes.size(),
+           " exceeds max_tensor_rank ", options_.limits.max_tensor_rank);
+    }
+    if (tensor.requires_grad && !dtype_is_differentiable(tensor.dtype)) {
+      fail(ErrorCode::tensor_requires_grad_invalid, "pickle writer: requires_grad on a ", dtype_name(tensor.dtype),
+           " tensor");
+    }
+    const auto storage_class = dtype_storage_class(tensor.dtype);
+    if (!storage_class && options_.torch_1_13_compatible) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: torch 1.13 has no ", dtype_name(tensor.dtype),
+           " tensors (no storage class)");
+    }
+    if (tensor.is_parameter) emit_global("torch._utils", "_rebuild_parameter");
+    emit_global("torch._utils", storage_class ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
+    put(op::MARK);
+    emit_persistent_id(tensor, storage_class);
+    emit_int(tensor.storage_offset);
+    emit_int_tuple(tensor.sizes);
+    emit_int_tuple(tensor.strides);
+    emit_bool(tensor.is_parameter ? false : tensor.requires_grad);
+    emit_empty_ordered_dict();
+    if (!storage_class) emit_global("torch", dtype_name(tensor.dtype));
+    put(op::TUPLE);
+    put(op::REDUCE);
+    if (tensor.is_parameter) {
+      emit_bool(tensor.requires_grad);
+      emit_empty_ordered_dict();
+      put(op::TUPLE3);
+      put(op::REDUCE);
+    }
+    ++tensor_count_;
+    if (memoizable && tensor_uses_[pointer.get()] > 1) {
+      const auto index = static_cast<std::uint32_t>(tensor_memo_.size());
+      tensor_memo_.emplace(pointer.get(), index);
+      emit_memo_put(index);
+    }
+  }
+
+  void emit(const Value& value, std::uint32_t level) {
+    switch (value.kind()) {
+      case ValueKind::none: put(op::NONE); return;
+      case ValueKind::boolean: emit_bool(value.as_bool()); return;
+      case ValueKind::integer: emit_int(value.as_int()); return;
+      case ValueKind::floating: emit_float(value.as_double()); return;
+      case ValueKind::string: emit_str(value.as_string()); return;
+      case ValueKind::bytes: emit_bytes(value.as_bytes()); return;
+      case ValueKind::list: emit_sequence(value.as_list(), true, level); return;
+      case ValueKind::tuple: emit_sequence(value.as_list(), false, level); return;
+      case ValueKind::dict: emit_dict(value.as_dict(), false, level); return;
+      case ValueKind::ordered_dict: emit_dict(value.as_dict(), true, level); return;
+      case ValueKind::tensor: emit_tensor(value.tensor_ptr(), true); return;
+    }
+    fail(ErrorCode::write_value_unsupported, "pickle writer: unknown value kind");
+  }
+
+  struct StorageKey {
+    std::size_t index;  // into storages_
+    DType dtype;        // of the first tensor that viewed it
+  };
+
+  const PickleWriteOptions& options_;
+  std::vector<std::byte> out_;
+  std::unordered_map<const TensorData*, std::uint32_t> tensor_uses_;
+  std::unordered_map<const TensorData*, std::uint32_t> tensor_memo_;
+  std::unordered_map<const void*, StorageKey> storage_keys_;
+  std::vector<PickledStorage> storages_;
+  static constexpr std::uint64_t kSynthesizedKeyBase = 1'000'000'000'000;
+  bool synthesizing_ = false;
+  std::uint64_t real_count_ = 0;
+  std::uint64_t synthesized_count_ = 0;
+  std::uint64_t tensor_count_ = 0;
+};
+
+}  // namespace
+
+PickleWriteResult write_pickle(const Value& root, const PickleWriteOptions& options) {
+  Emitter emitter(options);
+  return emitter.write(root);
+}
+
+}  // namespace holdpoint::format

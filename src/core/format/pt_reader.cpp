@@ -1,0 +1,329 @@
+#include "format/pt_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <thread>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/checked_arithmetic.h"
+#include "base/fail.h"
+#include "format/pickle/legacy_reader.h"
+#include "format/pickle/pickle_reader.h"
+#include "format/safetensors/safetensors.h"
+#include "format/zip/zip_reader.h"
+
+namespace holdpoint::format {
+
+using detail::fail;
+
+namespace {
+
+std::string_view as_text(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+bool starts_with(std::span<const std::byte> file, std::string_view prefix) {
+  return file.size() >= prefix.size() && std::memcmp(file.data(), prefix.data(), prefix.size()) == 0;
+}
+
+// Records that only TorchScript or torch.package archives have. torch.load on
+// torch <= 2.5 hands such archives to the TorchScript unpickler even with
+// weights_only=True (CVE-2025-32434), so they get their own code.
+bool is_torchscript_record(std::string_view record) {
+  return record == "constants.pkl" || record == "bytecode.pkl" || record == "model.json" ||
+         record.starts_with("code/") || record.starts_with("constants/") || record.starts_with("extra/") ||
+         record.ends_with(".debug_pkl") || (record.starts_with(".data/") && record.ends_with(".pkl"));
+}
+
+bool is_canonical_decimal(std::string_view text, std::size_t max_digits) {
+  if (text.empty() || text.size() > max_digits) return false;
+  if (text.size() > 1 && text[0] == '0') return false;
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "3" or "3\n" as torch writes the version records; the value must fit 64 bits.
+std::uint64_t parse_decimal_record(std::string_view text, ErrorCode code, std::string_view record) {
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  if (text.empty() || text.size() > 19 ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    fail(code, "record '", record, "' is not a decimal number (", text.size(), " bytes)");
+  }
+  std::uint64_t value = 0;
+  for (char c : text) value = value * 10 + static_cast<std::uint64_t>(c - '0');
+  return value;
+}
+
+// Elements are stored in the writer's byte order; the snapshot is private,
+// so a big-endian archive is swapped in place once per storage.
+void swap_to_little_endian(std::span<std::byte> bytes, std::size_t element_bytes) {
+  if (element_bytes <= 1) return;
+  for (std::size_t i = 0; i + element_bytes <= bytes.size(); i += element_bytes) {
+    std::reverse(bytes.begin() + static_cast<std::ptrdiff_t>(i),
+                 bytes.begin() + static_cast<std::ptrdiff_t>(i + element_bytes));
+  }
+}
+
+std::size_t swap_unit(DType dtype) {
+  switch (dtype) {
+    case DType::complex32:
+    case DType::complex64:
+    case DType::complex128: return dtype_itemsize(dtype) / 2;
+    default: return dtype_itemsize(dtype);
+  }
+}
+
+class ZipStorageResolver final : public StorageResolver {
+ public:
+  ZipStorageResolver(std::span<std::byte> file, const ZipArchive& archive, const std::shared_ptr<const void>& owner,
+                     bool big_endian)
+      : file_(file), archive_(archive), owner_(owner), big_endian_(big_endian), referenced_(archive.entries.size()) {}
+
+  std::shared_ptr<const Storage> resolve(const StorageRequest& request) override {
+    const std::string record = "data/" + request.key;
+    const ZipEntry* entry = archive_.find(record);
+    if (!entry) fail(ErrorCode::storage_record_missing, "storage key '", request.key, "' has no record ", record);
+    const auto expected = detail::checked_mul<std::uint64_t>(request.numel, dtype_itemsize(request.dtype));
+    if (!expected) {
+      fail(ErrorCode::storage_numel_invalid, "storage '", request.key, "': ", request.numel, " x ",
+           dtype_itemsize(request.dtype), " bytes overflows");
+    }
+    if (*expected != entry->size) {
+      fail(ErrorCode::storage_size_mismatch, "storage '", request.key, "' declares ", request.numel, " ",
+           dtype_name(request.dtype), " elements (", *expected, " bytes) but record ", record, " holds ", entry->size,
+           " bytes");
+    }
+    auto bytes = file_.subspan(entry->data_offset, entry->size);
+    if (big_endian_) {
+      // An untyped storage learns its dtype only at _rebuild_tensor_v3, too
+      // late to swap it once; torch writes big-endian archives only on
+      // big-endian hosts, so this combination is refused rather than guessed.
+      if (request.untyped) {
+        fail(ErrorCode::byteorder_unsupported, "storage '", request.key,
+             "': big-endian archives with untyped storages are not supported");
+      }
+      swap_to_little_endian(bytes, swap_unit(request.dtype));
+    }
+    referenced_[static_cast<std::size_t>(entry - archive_.entries.data())] = true;
+    return std::make_shared<const Storage>(bytes.data(), bytes.size(), owner_);
+  }
+
+  bool referenced(std::size_t entry_index) const { return referenced_[entry_index]; }
+
+ private:
+  std::span<std::byte> file_;
+  const ZipArchive& archive_;
+  std::shared_ptr<const void> owner_;
+  bool big_endian_;
+  std::vector<bool> referenced_;  // by entry index
+};
+
+std::string describe_producer(const FormatMarkers& markers) {
+  if (markers.format_version) return "torch >= 2.7 (.format_version record)";
+  if (markers.serialization_id) return "torch >= 2.1 (.data/serialization_id record)";
+  if (markers.byteorder) return "torch >= 2.1 or holdpoint (byteorder record)";
+  if (markers.version && *markers.version < 3) return "torch 1.4-1.5 (opt-in zip, archive version < 3)";
+  return "torch 1.6-2.0, or another writer that omits byteorder (LibTorch pickle_save)";
+}
+
+ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> file,
+                             const std::shared_ptr<const void>& owner, const Limits& limits);
+
+ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
+                               const Limits& limits) {
+  // TorchScript archives are named as such even when they would fail a zip
+  // check first (their code/ records are often deflated).
+  const ZipArchive archive = read_zip_directory(file, limits, [](std::string_view name) {
+    const std::size_t slash = name.find('/');
+    const std::string_view record = slash == std::string_view::npos ? name : name.substr(slash + 1);
+    if (is_torchscript_record(record)) {
+      fail(ErrorCode::torchscript_archive, "record '", record.substr(0, 128),
+           "' marks a TorchScript/torch.package archive; it holds code, not just weights");
+    }
+  });
+  for (const ZipEntry& entry : archive.entries) {
+    const std::string_view record = entry.record;
+    const bool known = record == "data.pkl" || record == "version" || record == ".data/version" ||
+                       record == "byteorder" || record == ".format_version" || record == ".storage_alignment" ||
+                       record == ".data/serialization_id";
+    if (known) continue;
+    if (record.starts_with("data/") && is_canonical_decimal(record.substr(5), 19)) continue;
+    fail(ErrorCode::record_unknown, "record '", record, "' (entry ", &entry - archive.entries.data(),
+         ") is not one a weights checkpoint has");
+  }
+
+  // CRC-32 verification reads every payload byte while the records are
+  // interpreted and the pickle runs; neither reads what the other writes, with
+  // one exception: a big-endian archive is byte-swapped in place, so it is
+  // checked first. A CRC failure is always reported ahead of anything the
+  // records said, so a damaged record is reported as damage, not as a strange
+  // value.
+  const ZipEntry* byteorder = archive.find("byteorder");
+  const bool swaps_in_place = byteorder && as_text(zip_entry_bytes(file, *byteorder)) == "big";
+  if (swaps_in_place) {
+    verify_zip_crcs(archive, file, limits);
+    return interpret_records(archive, file, owner, limits);
+  }
+  std::exception_ptr crc_failure;
+  std::thread crc_thread([&] {
+    try {
+      verify_zip_crcs(archive, file, limits);
+    } catch (...) {
+      crc_failure = std::current_exception();
+    }
+  });
+  ParsedFile parsed;
+  std::exception_ptr parse_failure;
+  try {
+    parsed = interpret_records(archive, file, owner, limits);
+  } catch (...) {
+    parse_failure = std::current_exception();
+  }
+  crc_thread.join();
+  if (crc_failure) std::rethrow_exception(crc_failure);
+  if (parse_failure) std::rethrow_exception(parse_failure);
+  return parsed;
+}
+
+// Everything after the zip structure: record values, the pickle, and the
+// storages it references.
+ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> file,
+                             const std::shared_ptr<const void>& owner, const Limits& limits) {
+  ParsedFile parsed;
+  parsed.format = FileFormat::pytorch_zip;
+  FormatMarkers& markers = parsed.markers;
+  markers.archive_name = archive.archive_name;
+
+  // PyTorch prefers .data/version when both exist; both must be sane.
+  const ZipEntry* data_version = archive.find(".data/version");
+  const ZipEntry* plain_version = archive.find("version");
+  if (!data_version && !plain_version) fail(ErrorCode::record_missing, "the archive has no 'version' record");
+  for (const ZipEntry* version : {plain_version, data_version}) {
+    if (!version) continue;
+    markers.version = parse_decimal_record(as_text(zip_entry_bytes(file, *version)), ErrorCode::version_invalid,
+                                           version->record);
+    if (*markers.version < 1 || *markers.version > 10) {
+      fail(ErrorCode::version_unsupported, "record '", version->record, "': archive version ", *markers.version,
+           " is outside 1..10");
+    }
+  }
+  bool big_endian = false;
+  if (const ZipEntry* byteorder = archive.find("byteorder")) {
+    const std::string_view value = as_text(zip_entry_bytes(file, *byteorder));
+    if (value != "little" && value != "big") {
+      fail(ErrorCode::byteorder_invalid, "byteorder record is '", value.substr(0, 16), "', not 'little' or 'big'");
+    }
+    markers.byteorder = std::string(value);
+    big_endian = value == "big";
+  }
+  if (const ZipEntry* entry = archive.find(".format_version")) {
+    markers.format_version =
+        parse_decimal_record(as_text(zip_entry_bytes(file, *entry)), ErrorCode::format_version_invalid, entry->record);
+  }
+  if (const ZipEntry* entry = archive.find(".storage_alignment")) {
+    markers.storage_alignment =
+        parse_decimal_record(as_text(zip_entry_bytes(file, *entry)), ErrorCode::format_version_invalid, entry->record);
+  }
+  if (const ZipEntry* entry = archive.find(".data/serialization_id")) {
+    const std::string_view value = as_text(zip_entry_bytes(file, *entry));
+    if (value.empty() || value.size() > 64 ||
+        !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      fail(ErrorCode::format_version_invalid, "record '.data/serialization_id' is not up to 64 decimal digits");
+    }
+    markers.serialization_id = std::string(value);
+  }
+
+  const ZipEntry* pickle = archive.find("data.pkl");
+  if (!pickle) fail(ErrorCode::record_missing, "the archive has no 'data.pkl' record");
+  if (pickle->size > limits.max_pickle_bytes) {
+    fail(ErrorCode::pickle_too_large, "data.pkl is ", pickle->size, " bytes, above the limit of ",
+         limits.max_pickle_bytes, " (Limits::max_pickle_bytes)");
+  }
+  ZipStorageResolver resolver(file, archive, owner, big_endian);
+  PickleResult result = read_pickle(zip_entry_bytes(file, *pickle), resolver, limits);
+
+  // PyTorch writes exactly the storages its pickle references; anything else
+  // is data smuggled past the pickle.
+  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
+    const ZipEntry& entry = archive.entries[i];
+    if (entry.record.starts_with("data/") && !resolver.referenced(i)) {
+      fail(ErrorCode::record_unreferenced, "record '", entry.record, "' is not referenced by data.pkl");
+    }
+  }
+
+  parsed.root = std::move(result.root);
+  parsed.tensor_count = result.tensor_count;
+  parsed.storage_count = result.storage_count;
+  markers.pickle_protocol = result.protocol;
+  markers.uses_binfloat = result.uses_binfloat;
+  markers.producer = describe_producer(markers);
+  parsed.records.reserve(archive.entries.size());
+  for (const ZipEntry& entry : archive.entries) {
+    parsed.records.push_back({entry.record, entry.data_offset, entry.size, entry.crc32});
+  }
+  return parsed;
+}
+
+}  // namespace
+
+FileFormat detect_format(std::span<const std::byte> file) {
+  if (file.empty()) fail(ErrorCode::file_empty, "the file is empty");
+  if (starts_with(file, "PK\x03\x04")) return FileFormat::pytorch_zip;
+  if (starts_with(file, "PYTORCH1")) {
+    fail(ErrorCode::pytorch1_prerelease_format, "the file starts with PYTORCH1, a pre-release container");
+  }
+  if (starts_with(file, "version https://git-lfs.github.com/spec/")) {
+    fail(ErrorCode::git_lfs_pointer, "the file is a Git LFS pointer, not the checkpoint it points to");
+  }
+  if (file.size() >= 262 && std::memcmp(file.data() + 257, "ustar", 5) == 0) {
+    fail(ErrorCode::legacy_tar_format, "the file is a tar archive (torch < 0.1.10 checkpoints), not supported");
+  }
+  if (looks_like_legacy_stream(file)) return FileFormat::pytorch_legacy;
+  if (looks_like_safetensors(file)) return FileFormat::safetensors;
+  if (starts_with(file, "PK")) {
+    fail(ErrorCode::unknown_format, "the file starts like a zip archive but not with a local file header");
+  }
+  fail(ErrorCode::unknown_format,
+       "the file is neither a PyTorch zip archive, a legacy PyTorch stream nor a safetensors file");
+}
+
+ParsedFile read_checkpoint_file(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
+                                const Limits& limits) {
+  if (file.size() > limits.max_file_bytes) {
+    fail(ErrorCode::file_too_large, "file is ", file.size(), " bytes, above the limit of ", limits.max_file_bytes);
+  }
+  switch (detect_format(file)) {
+    case FileFormat::pytorch_zip: return read_zip_checkpoint(file, owner, limits);
+    case FileFormat::pytorch_legacy: {
+      LegacyStream stream = read_legacy_stream(file, owner, limits);
+      ParsedFile parsed;
+      parsed.format = FileFormat::pytorch_legacy;
+      parsed.root = std::move(stream.root);
+      parsed.tensor_count = stream.object.tensor_count;
+      parsed.storage_count = stream.object.storage_count;
+      parsed.markers.pickle_protocol = stream.object.protocol;
+      parsed.markers.uses_binfloat = stream.object.uses_binfloat;
+      parsed.markers.legacy_protocol_version = stream.protocol_version;
+      parsed.markers.producer = "torch < 1.6, or _use_new_zipfile_serialization=False (legacy stream)";
+      parsed.records = std::move(stream.storages);
+      return parsed;
+    }
+    case FileFormat::safetensors: {
+      SafetensorsFile safetensors = read_safetensors(file, owner, limits);
+      ParsedFile parsed;
+      parsed.format = FileFormat::safetensors;
+      parsed.root = std::move(safetensors.root);
+      parsed.tensor_count = safetensors.tensors.size();
+      parsed.storage_count = safetensors.tensors.size();
+      parsed.markers.safetensors_metadata = std::move(safetensors.metadata);
+      parsed.markers.producer = "safetensors";
+      parsed.records = std::move(safetensors.tensors);
+      return parsed;
+    }
+  }
+  fail(ErrorCode::unknown_format, "unreachable format");
+}
+
+}  // namespace holdpoint::format

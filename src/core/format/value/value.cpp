@@ -1,0 +1,446 @@
+#include "holdpoint/format/value.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "base/fail.h"
+#include "holdpoint/base/error.h"
+
+namespace holdpoint {
+
+using detail::fail;
+
+// ---- Storage -----------------------------------------------------------------------
+
+Storage::Storage(const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner, const void* identity)
+    : data_(data), nbytes_(nbytes), owner_(std::move(owner)), identity_(identity) {}
+
+std::shared_ptr<const Storage> Storage::copy_of(std::span<const std::byte> bytes) {
+  auto buffer = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
+  const std::byte* data = buffer->data();
+  return std::make_shared<const Storage>(data, buffer->size(), std::move(buffer));
+}
+
+// ---- TensorData --------------------------------------------------------------------
+
+TensorData TensorData::from_bytes(DType dtype, std::vector<std::int64_t> sizes, std::span<const std::byte> bytes) {
+  TensorData tensor;
+  tensor.dtype = dtype;
+  tensor.sizes = std::move(sizes);
+  tensor.strides.assign(tensor.sizes.size(), 1);
+  std::int64_t stride = 1;
+  for (std::size_t i = tensor.sizes.size(); i-- > 0;) {
+    tensor.strides[i] = stride;
+    stride *= tensor.sizes[i];
+  }
+  if (static_cast<std::size_t>(tensor.numel()) * dtype_bits(dtype) != bytes.size() * 8) {
+    fail(ErrorCode::invalid_argument, "TensorData::from_bytes: ", bytes.size(), " bytes for ", tensor.numel(),
+         " elements of ", dtype_name(dtype));
+  }
+  tensor.storage = Storage::copy_of(bytes);
+  return tensor;
+}
+
+std::int64_t TensorData::numel() const noexcept {
+  std::int64_t n = 1;
+  for (auto size : sizes) n *= size;
+  return n;
+}
+
+bool TensorData::is_contiguous() const noexcept {
+  std::int64_t expected = 1;
+  for (std::size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] != 1 && strides[i] != expected) return sizes[i] == 0 || numel() == 0;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+void TensorData::copy_contiguous_bytes(std::byte* out) const {
+  const std::size_t item = itemsize();
+  const std::int64_t count = numel();
+  if (count == 0) return;
+  if (dtype_is_sub_byte(dtype)) {
+    const std::size_t first_bit = static_cast<std::size_t>(storage_offset) * dtype_bits(dtype);
+    if (!is_contiguous() || first_bit % 8 != 0) {
+      fail(ErrorCode::tensor_geometry_invalid, "a ", dtype_name(dtype),
+           " view that is strided or starts inside a byte cannot be copied out byte by byte");
+    }
+    std::memcpy(out, storage->data() + first_bit / 8, logical_bytes());
+    return;
+  }
+  const std::byte* base = storage->data() + static_cast<std::size_t>(storage_offset) * item;
+  if (is_contiguous()) {
+    std::memcpy(out, base, static_cast<std::size_t>(count) * item);
+    return;
+  }
+  // Odometer over the index space; the innermost dimension is copied element by
+  // element (strided) or as one run (stride 1).
+  const std::size_t rank = sizes.size();
+  std::vector<std::int64_t> index(rank, 0);
+  const std::int64_t inner = sizes[rank - 1];
+  const std::int64_t inner_stride = strides[rank - 1];
+  std::int64_t done = 0;
+  while (done < count) {
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d + 1 < rank; ++d) offset += index[d] * strides[d];
+    const std::byte* row = base + static_cast<std::size_t>(offset) * item;
+    if (inner_stride == 1) {
+      std::memcpy(out, row, static_cast<std::size_t>(inner) * item);
+      out += static_cast<std::size_t>(inner) * item;
+    } else {
+      for (std::int64_t j = 0; j < inner; ++j) {
+        std::memcpy(out, row + static_cast<std::size_t>(j * inner_stride) * item, item);
+        out += item;
+      }
+    }
+    done += inner;
+    for (std::size_t d = rank - 1; d-- > 0;) {
+      if (++index[d] < sizes[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+std::vector<std::byte> TensorData::contiguous_bytes() const {
+  std::vector<std::byte> out(logical_bytes());
+  copy_contiguous_bytes(out.data());
+  return out;
+}
+
+// ---- ValueKind, DictKey --------------------------------------------------------------
+
+std::string_view value_kind_name(ValueKind kind) noexcept {
+  switch (kind) {
+    case ValueKind::none: return "None";
+    case ValueKind::boolean: return "bool";
+    case ValueKind::integer: return "int";
+    case ValueKind::floating: return "float";
+    case ValueKind::string: return "str";
+    case ValueKind::bytes: return "bytes";
+    case ValueKind::list: return "list";
+    case ValueKind::tuple: return "tuple";
+    case ValueKind::dict: return "dict";
+    case ValueKind::ordered_dict: return "OrderedDict";
+    case ValueKind::tensor: return "Tensor";
+  }
+  return "unknown";
+}
+
+const std::string& DictKey::as_string() const {
+  if (!is_string()) fail(ErrorCode::invalid_argument, "dict key ", to_string(), " is an int, not a str");
+  return std::get<std::string>(key_);
+}
+
+std::int64_t DictKey::as_int() const {
+  if (!is_integer()) fail(ErrorCode::invalid_argument, "dict key ", to_string(), " is a str, not an int");
+  return std::get<std::int64_t>(key_);
+}
+
+std::string DictKey::to_string() const {
+  if (is_string()) return "'" + std::get<std::string>(key_) + "'";
+  return std::to_string(std::get<std::int64_t>(key_));
+}
+
+// ---- Dict ----------------------------------------------------------------------------
+
+namespace {
+
+// Below this many entries a linear scan beats hashing.
+constexpr std::size_t kIndexThreshold = 16;
+
+std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  return x;
+}
+
+std::uint64_t key_hash(std::string_view key) { return std::hash<std::string_view>{}(key); }
+std::uint64_t key_hash(std::int64_t key) { return mix(static_cast<std::uint64_t>(key)); }
+std::uint64_t key_hash(const DictKey& key) {
+  return key.is_string() ? key_hash(std::string_view(key.as_string())) : key_hash(key.as_int());
+}
+
+bool key_equals(const DictKey& stored, std::string_view key) { return stored.is_string() && stored.as_string() == key; }
+bool key_equals(const DictKey& stored, std::int64_t key) { return stored.is_integer() && stored.as_int() == key; }
+bool key_equals(const DictKey& stored, const DictKey& key) { return stored == key; }
+
+}  // namespace
+
+void Dict::index_entry(std::uint32_t position) {
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t slot = key_hash(entries_[position].first) & mask;
+  while (slots_[slot] != 0) slot = (slot + 1) & mask;
+  slots_[slot] = position + 1;
+}
+
+void Dict::rebuild_index() {
+  std::size_t capacity = 64;
+  while (capacity < 2 * entries_.size()) capacity *= 2;
+  slots_.assign(capacity, 0);
+  for (std::size_t i = 0; i < entries_.size(); ++i) index_entry(static_cast<std::uint32_t>(i));
+}
+
+template <typename Key>
+std::ptrdiff_t Dict::position_of(const Key& key) const {
+  if (slots_.empty()) {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (key_equals(entries_[i].first, key)) return static_cast<std::ptrdiff_t>(i);
+    }
+    return -1;
+  }
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t slot = key_hash(key) & mask; slots_[slot] != 0; slot = (slot + 1) & mask) {
+    const std::uint32_t position = slots_[slot] - 1;
+    if (key_equals(entries_[position].first, key)) return position;
+  }
+  return -1;
+}
+
+const Value* Dict::find(const DictKey& key) const {
+  const auto i = position_of(key);
+  return i < 0 ? nullptr : &entries_[static_cast<std::size_t>(i)].second;
+}
+
+const Value* Dict::find(std::string_view key) const {
+  const auto i = position_of(key);
+  return i < 0 ? nullptr : &entries_[static_cast<std::size_t>(i)].second;
+}
+
+const Value* Dict::find(std::int64_t key) const {
+  const auto i = position_of(key);
+  return i < 0 ? nullptr : &entries_[static_cast<std::size_t>(i)].second;
+}
+
+const Value& Dict::at(const DictKey& key) const {
+  const Value* value = find(key);
+  if (!value) fail(ErrorCode::invalid_argument, "dict has no key ", key.to_string());
+  return *value;
+}
+
+bool Dict::insert(DictKey key, Value value) {
+  if (position_of(key) >= 0) return false;
+  if (entries_.size() >= UINT32_MAX - 1) fail(ErrorCode::invalid_argument, "dict is full");
+  entries_.emplace_back(std::move(key), std::move(value));
+  // The index is maintained here, never by lookups, so that const access
+  // stays free of writes (and safe from several threads). Doubling keeps the
+  // rebuilds amortised O(1) per insert.
+  if (entries_.size() >= kIndexThreshold) {
+    if (slots_.size() < 2 * entries_.size()) {
+      rebuild_index();
+    } else {
+      index_entry(static_cast<std::uint32_t>(entries_.size() - 1));
+    }
+  }
+  return true;
+}
+
+void Dict::insert_or_assign(DictKey key, Value value) {
+  const auto i = position_of(key);
+  if (i >= 0) {
+    entries_[static_cast<std::size_t>(i)].second = std::move(value);
+    return;
+  }
+  insert(std::move(key), std::move(value));
+}
+
+void Dict::set_metadata(Value metadata) { metadata_ = std::make_shared<const Value>(std::move(metadata)); }
+
+// ---- Value ---------------------------------------------------------------------------
+
+Value Value::boolean(bool v) { return Value(ValueKind::boolean, v); }
+Value Value::integer(std::int64_t v) { return Value(ValueKind::integer, v); }
+Value Value::floating(double v) { return Value(ValueKind::floating, v); }
+Value Value::string(std::string v) {
+  return Value(ValueKind::string, std::make_shared<const std::string>(std::move(v)));
+}
+Value Value::bytes(std::string v) { return Value(ValueKind::bytes, std::make_shared<const std::string>(std::move(v))); }
+Value Value::list(List items) { return Value(ValueKind::list, std::make_shared<List>(std::move(items))); }
+Value Value::tuple(List items) { return Value(ValueKind::tuple, std::make_shared<List>(std::move(items))); }
+Value Value::dict(Dict entries) { return Value(ValueKind::dict, std::make_shared<Dict>(std::move(entries))); }
+Value Value::ordered_dict(Dict entries) {
+  return Value(ValueKind::ordered_dict, std::make_shared<Dict>(std::move(entries)));
+}
+Value Value::tensor(TensorData tensor) {
+  return Value(ValueKind::tensor, std::make_shared<const TensorData>(std::move(tensor)));
+}
+Value Value::tensor(std::shared_ptr<const TensorData> tensor) {
+  if (!tensor) fail(ErrorCode::invalid_argument, "Value::tensor: null tensor");
+  return Value(ValueKind::tensor, std::move(tensor));
+}
+
+namespace {
+[[noreturn]] void wrong_kind(ValueKind actual, std::string_view wanted) {
+  fail(ErrorCode::invalid_argument, "value is a ", value_kind_name(actual), ", not a ", wanted);
+}
+}  // namespace
+
+bool Value::as_bool() const {
+  if (kind_ != ValueKind::boolean) wrong_kind(kind_, "bool");
+  return std::get<bool>(node_);
+}
+
+std::int64_t Value::as_int() const {
+  if (kind_ != ValueKind::integer) wrong_kind(kind_, "int");
+  return std::get<std::int64_t>(node_);
+}
+
+double Value::as_double() const {
+  if (kind_ != ValueKind::floating) wrong_kind(kind_, "float");
+  return std::get<double>(node_);
+}
+
+double Value::as_number() const {
+  switch (kind_) {
+    case ValueKind::floating: return std::get<double>(node_);
+    case ValueKind::integer: return static_cast<double>(std::get<std::int64_t>(node_));
+    case ValueKind::tensor: {
+      const TensorData& t = as_tensor();
+      if (t.dtype == DType::float64 && t.sizes.empty()) {
+        double v;
+        std::memcpy(&v, t.storage->data() + t.storage_offset * 8, sizeof v);
+        return v;
+      }
+      break;
+    }
+    default: break;
+  }
+  wrong_kind(kind_, "number (float, int or 0-d float64 tensor)");
+}
+
+const std::string& Value::as_string() const {
+  if (kind_ != ValueKind::string) wrong_kind(kind_, "str");
+  return *std::get<std::shared_ptr<const std::string>>(node_);
+}
+
+std::string_view Value::as_bytes() const {
+  if (kind_ != ValueKind::bytes) wrong_kind(kind_, "bytes");
+  return *std::get<std::shared_ptr<const std::string>>(node_);
+}
+
+const Value::List& Value::as_list() const {
+  if (!is_sequence()) wrong_kind(kind_, "list or tuple");
+  return *std::get<std::shared_ptr<List>>(node_);
+}
+
+const Dict& Value::as_dict() const {
+  if (!is_dict()) wrong_kind(kind_, "dict");
+  return *std::get<std::shared_ptr<Dict>>(node_);
+}
+
+const TensorData& Value::as_tensor() const { return *tensor_ptr(); }
+
+const std::shared_ptr<const TensorData>& Value::tensor_ptr() const {
+  if (kind_ != ValueKind::tensor) wrong_kind(kind_, "Tensor");
+  return std::get<std::shared_ptr<const TensorData>>(node_);
+}
+
+Value::List& Value::mutable_list() {
+  if (!is_sequence()) wrong_kind(kind_, "list or tuple");
+  return *std::get<std::shared_ptr<List>>(node_);
+}
+
+Dict& Value::mutable_dict() {
+  if (!is_dict()) wrong_kind(kind_, "dict");
+  return *std::get<std::shared_ptr<Dict>>(node_);
+}
+
+const void* Value::node_identity() const noexcept {
+  return std::visit(
+      [](const auto& node) -> const void* {
+        using T = std::decay_t<decltype(node)>;
+        if constexpr (std::is_same_v<T, std::monostate> || std::is_same_v<T, bool> ||
+                      std::is_same_v<T, std::int64_t> || std::is_same_v<T, double>) {
+          return nullptr;
+        } else {
+          return node.get();
+        }
+      },
+      node_);
+}
+
+// ---- comparison ----------------------------------------------------------------------
+
+namespace {
+
+std::string sizes_text(const std::vector<std::int64_t>& sizes) {
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
+  out << ']';
+  return out.str();
+}
+
+// Empty result: equal. Otherwise a description of the first difference at `path`.
+std::string first_difference(const Value& a, const Value& b, const std::string& path) {
+  const std::string where = path.empty() ? "<root>" : path;
+  if (a.kind() != b.kind()) {
+    return where + ": " + std::string(value_kind_name(a.kind())) + " vs " + std::string(value_kind_name(b.kind()));
+  }
+  switch (a.kind()) {
+    case ValueKind::none: return {};
+    case ValueKind::boolean:
+      return a.as_bool() == b.as_bool() ? std::string() : where + ": bool differs";
+    case ValueKind::integer:
+      return a.as_int() == b.as_int()
+                 ? std::string()
+                 : where + ": " + std::to_string(a.as_int()) + " vs " + std::to_string(b.as_int());
+    case ValueKind::floating: {
+      const double x = a.as_double(), y = b.as_double();
+      return std::memcmp(&x, &y, sizeof x) == 0 ? std::string() : where + ": float differs";
+    }
+    case ValueKind::string:
+      return a.as_string() == b.as_string() ? std::string() : where + ": '" + a.as_string() + "' vs '" + b.as_string() + "'";
+    case ValueKind::bytes: return a.as_bytes() == b.as_bytes() ? std::string() : where + ": bytes differ";
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      const auto& x = a.as_list();
+      const auto& y = b.as_list();
+      if (x.size() != y.size()) {
+        return where + ": length " + std::to_string(x.size()) + " vs " + std::to_string(y.size());
+      }
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        auto d = first_difference(x[i], y[i], path + "[" + std::to_string(i) + "]");
+        if (!d.empty()) return d;
+      }
+      return {};
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      const auto& x = a.as_dict();
+      const auto& y = b.as_dict();
+      if (x.size() != y.size()) {
+        return where + ": " + std::to_string(x.size()) + " keys vs " + std::to_string(y.size());
+      }
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const auto& [kx, vx] = x.at_index(i);
+        const auto& [ky, vy] = y.at_index(i);
+        if (!(kx == ky)) return where + ": key #" + std::to_string(i) + " " + kx.to_string() + " vs " + ky.to_string();
+        auto d = first_difference(vx, vy, path + "[" + kx.to_string() + "]");
+        if (!d.empty()) return d;
+      }
+      return {};
+    }
+    case ValueKind::tensor: {
+      const TensorData& x = a.as_tensor();
+      const TensorData& y = b.as_tensor();
+      if (x.dtype != y.dtype) {
+        return where + ": dtype " + std::string(dtype_name(x.dtype)) + " vs " + std::string(dtype_name(y.dtype));
+      }
+      if (x.sizes != y.sizes) return where + ": sizes " + sizes_text(x.sizes) + " vs " + sizes_text(y.sizes);
+      if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
+      if (x.contiguous_bytes() != y.contiguous_bytes()) return where + ": tensor elements differ";
+      return {};
+    }
+  }
+  return where + ": unknown kind";
+}
+
+}  // namespace
+
+bool equal_content(const Value& a, const Value& b) { return first_difference(a, b, "").empty(); }
+
+std::string describe_difference(const Value& a, const Value& b) { return first_difference(a, b, ""); }
+
+}  // namespace holdpoint

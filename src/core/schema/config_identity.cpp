@@ -1,0 +1,263 @@
+#include "holdpoint/schema/config_identity.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "base/fail.h"
+
+namespace holdpoint {
+
+using detail::fail;
+
+namespace {
+
+constexpr char kMaxEpochs[] = "max_epochs";
+
+// Python's float repr: the shortest digits that round-trip, in fixed notation
+// when the decimal exponent is in [-4, 16), scientific otherwise, and always
+// with a '.' or an exponent so that floats never read as ints.
+std::string python_float_repr(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
+  if (value == 0) return std::signbit(value) ? "-0.0" : "0.0";
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value, std::chars_format::scientific);
+  std::string text(buffer, result.ptr);  // "-1.2345e+17"
+  const bool negative = text[0] == '-';
+  if (negative) text.erase(0, 1);
+  const std::size_t e = text.find('e');
+  std::string digits = text.substr(0, e);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  const int exponent = std::stoi(text.substr(e + 1));
+  std::string out;
+  if (exponent >= -4 && exponent < 16) {
+    if (exponent < 0) {
+      out = "0." + std::string(static_cast<std::size_t>(-exponent - 1), '0') + digits;
+    } else if (static_cast<std::size_t>(exponent) + 1 >= digits.size()) {
+      out = digits + std::string(static_cast<std::size_t>(exponent) + 1 - digits.size(), '0') + ".0";
+    } else {
+      out = digits.substr(0, static_cast<std::size_t>(exponent) + 1) + "." +
+            digits.substr(static_cast<std::size_t>(exponent) + 1);
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char exp_text[16];
+    std::snprintf(exp_text, sizeof exp_text, "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+    out += exp_text;
+  }
+  return negative ? "-" + out : out;
+}
+
+// JSON string escaping as Python's json.dumps(ensure_ascii=False) does it.
+void append_json_string(std::string& out, const std::string& text) {
+  out.push_back('"');
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+          out += escaped;
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+void append_canonical(std::string& out, const Value& value, const std::string& path) {
+  switch (value.kind()) {
+    case ValueKind::none: out += "null"; return;
+    case ValueKind::boolean: out += value.as_bool() ? "true" : "false"; return;
+    case ValueKind::integer: out += std::to_string(value.as_int()); return;
+    case ValueKind::floating: out += python_float_repr(value.as_double()); return;
+    case ValueKind::string: append_json_string(out, value.as_string()); return;
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      out.push_back('[');
+      const auto& items = value.as_list();
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i) out.push_back(',');
+        append_canonical(out, items[i], path + "[" + std::to_string(i) + "]");
+      }
+      out.push_back(']');
+      return;
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      // Sorted by key text, as sort_keys=True sorts (str keys; Python renders
+      // int keys as their decimal text).
+      std::map<std::string, const Value*> sorted;
+      for (const auto& [key, item] : value.as_dict()) {
+        sorted.emplace(key.is_string() ? key.as_string() : std::to_string(key.as_int()), &item);
+      }
+      out.push_back('{');
+      bool first = true;
+      for (const auto& [key, item] : sorted) {
+        if (!first) out.push_back(',');
+        first = false;
+        append_json_string(out, key);
+        out.push_back(':');
+        append_canonical(out, *item, path + "." + key);
+      }
+      out.push_back('}');
+      return;
+    }
+    case ValueKind::bytes:
+    case ValueKind::tensor: break;
+  }
+  fail(ErrorCode::config_invalid, path, " is a ", value_kind_name(value.kind()),
+       "; configuration values are None, bool, int, float, str, lists and dicts");
+}
+
+void check_config_value(const Value& value, const std::string& path) {
+  std::string ignored;
+  append_canonical(ignored, value, path);
+}
+
+Sha256Digest digest_of(const std::string& text) {
+  return Sha256::of({reinterpret_cast<const std::byte*>(text.data()), text.size()});
+}
+
+void collect_drift(const Value* saved, const Value* live, const std::string& path, std::vector<std::string>& out) {
+  if (!saved || !live) {
+    out.push_back(path);
+    return;
+  }
+  if (saved->is_dict() && live->is_dict()) {
+    std::map<std::string, std::pair<const Value*, const Value*>> keys;
+    for (const auto& [key, item] : saved->as_dict()) keys[key.to_string()].first = &item;
+    for (const auto& [key, item] : live->as_dict()) keys[key.to_string()].second = &item;
+    for (const auto& [key, pair] : keys) {
+      const std::string name = key.size() >= 2 && key.front() == '\'' ? key.substr(1, key.size() - 2) : key;
+      collect_drift(pair.first, pair.second, path.empty() ? name : path + "." + name, out);
+    }
+    return;
+  }
+  if (canonical_json(*saved) != canonical_json(*live)) out.push_back(path);
+}
+
+}  // namespace
+
+std::string canonical_json(const Value& value) {
+  std::string out;
+  append_canonical(out, value, "config");
+  return out;
+}
+
+TrainingConfig& TrainingConfig::load_bearing(const std::string& key, Value value) {
+  check_config_value(value, "config.load_bearing." + key);
+  load_bearing_.insert_or_assign(key, std::move(value));
+  return *this;
+}
+
+TrainingConfig& TrainingConfig::operational(const std::string& key, Value value) {
+  check_config_value(value, "config.operational." + key);
+  operational_.insert_or_assign(key, std::move(value));
+  return *this;
+}
+
+TrainingConfig& TrainingConfig::max_epochs(std::int64_t epochs) {
+  if (epochs < 0) fail(ErrorCode::config_invalid, "config.operational.max_epochs is negative (", epochs, ")");
+  return operational(kMaxEpochs, Value::integer(epochs));
+}
+
+std::optional<std::int64_t> TrainingConfig::max_epochs() const {
+  const Value* value = operational_.find(std::string_view(kMaxEpochs));
+  if (!value) return std::nullopt;
+  return value->as_int();
+}
+
+std::string TrainingConfig::canonical_load_bearing() const { return canonical_json(Value::dict(load_bearing_)); }
+std::string TrainingConfig::canonical_operational() const { return canonical_json(Value::dict(operational_)); }
+Sha256Digest TrainingConfig::load_bearing_digest() const { return digest_of(canonical_load_bearing()); }
+Sha256Digest TrainingConfig::operational_digest() const { return digest_of(canonical_operational()); }
+
+Value TrainingConfig::to_value() const {
+  Dict out;
+  out.insert("load_bearing", Value::dict(load_bearing_));
+  out.insert("operational", Value::dict(operational_));
+  return Value::dict(std::move(out));
+}
+
+namespace {
+
+// Files written in torch 1.13 compatible mode carry floats as 0-d float64
+// tensors (1.13's weights_only unpickler has no BINFLOAT); a configuration
+// holds no tensors, so inside one such a tensor is read back as its number.
+Value config_value(const Value& value) {
+  switch (value.kind()) {
+    case ValueKind::tensor: {
+      const TensorData& t = value.as_tensor();
+      if (t.dtype == DType::float64 && t.sizes.empty()) return Value::floating(value.as_number());
+      return value;
+    }
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      Value::List items;
+      for (const Value& item : value.as_list()) items.push_back(config_value(item));
+      return value.is_list() ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      Dict entries;
+      for (const auto& [key, item] : value.as_dict()) entries.insert(key, config_value(item));
+      return value.is_ordered_dict() ? Value::ordered_dict(std::move(entries)) : Value::dict(std::move(entries));
+    }
+    default: return value;
+  }
+}
+
+}  // namespace
+
+TrainingConfig TrainingConfig::from_value(const Value& value, const std::string& path) {
+  if (!value.is_dict()) fail(ErrorCode::config_invalid, path, " is a ", value_kind_name(value.kind()), ", not a dict");
+  TrainingConfig config;
+  for (const auto& [key, item] : value.as_dict()) {
+    if (!key.is_string() || (key.as_string() != "load_bearing" && key.as_string() != "operational")) {
+      fail(ErrorCode::config_invalid, path, " has an unexpected key ", key.to_string());
+    }
+    if (!item.is_dict()) fail(ErrorCode::config_invalid, path, ".", key.as_string(), " is not a dict");
+    for (const auto& [field, field_value] : item.as_dict()) {
+      if (!field.is_string()) fail(ErrorCode::config_invalid, path, ".", key.as_string(), " has a non-str key");
+      if (key.as_string() == "load_bearing") {
+        config.load_bearing(field.as_string(), config_value(field_value));
+      } else {
+        config.operational(field.as_string(), config_value(field_value));
+      }
+    }
+  }
+  if (const auto epochs = value.as_dict().find(std::string_view("operational"))) {
+    if (const Value* m = epochs->as_dict().find(std::string_view(kMaxEpochs)); m && !m->is_int()) {
+      fail(ErrorCode::config_invalid, path, ".operational.max_epochs is not an int");
+    }
+  }
+  return config;
+}
+
+ConfigComparison compare_configs(const TrainingConfig& saved, const TrainingConfig& live) {
+  ConfigComparison result;
+  const Value saved_fields = Value::dict(saved.load_bearing_fields());
+  const Value live_fields = Value::dict(live.load_bearing_fields());
+  collect_drift(&saved_fields, &live_fields, "", result.drifted);
+  const auto saved_epochs = saved.max_epochs();
+  const auto live_epochs = live.max_epochs();
+  if (saved_epochs && live_epochs && *saved_epochs != *live_epochs) {
+    result.max_epochs = MaxEpochsChange{*saved_epochs, *live_epochs};
+  }
+  return result;
+}
+
+}  // namespace holdpoint

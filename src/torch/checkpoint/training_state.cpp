@@ -1,0 +1,526 @@
+#include "holdpoint/checkpoint/training_state.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <iostream>
+#include <set>
+
+#include "format/publish_file.h"
+#include "checkpoint/legacy_layouts.h"
+#include "base/fail.h"
+#include "format/pt_writer.h"
+#include "holdpoint/run/run_directory.h"
+#include "holdpoint/tensor/trusted_load.h"
+#include "holdpoint_version.h"
+
+namespace holdpoint {
+
+using detail::fail;
+
+UnsafeCheckpointLoadUnavailable::UnsafeCheckpointLoadUnavailable(std::string detail, ErrorCode reason)
+    : Error(ErrorCode::unsafe_checkpoint_load_unavailable, std::move(detail)), reason_(reason) {}
+
+namespace {
+
+// Where each well-known component goes in the restore order (others keep
+// their registration order, before the sampler): the model first, so the
+// optimizer's references are valid; generators last, so nothing that runs
+// during apply can consume randomness after it was restored.
+int apply_rank(const std::string& name) {
+  static const std::vector<std::string> kOrder = {"model",    "scheduler", "optimizer", "scaler", "progress",
+                                                  "early_stop", "history"};
+  const auto it = std::find(kOrder.begin(), kOrder.end(), name);
+  if (it != kOrder.end()) return static_cast<int>(it - kOrder.begin());
+  if (name == "sampler") return 1000;
+  if (name == "rng") return 1001;
+  return 100;
+}
+
+std::string list_text(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// The restricted reader's verdicts that mean "only LibTorch's deserializer
+// could read this": untrusted loads refuse those files with
+// UnsafeCheckpointLoadUnavailable.
+bool needs_libtorch(ErrorCode code) {
+  return code == ErrorCode::torchscript_archive;
+}
+
+LoadedMapping read_untrusted(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
+  LoadOptions load_options;
+  load_options.limits = options.limits;
+  load_options.expected_sha256 = options.expected_sha256;
+  try {
+    return load_checkpoint_mapping(path, load_options);
+  } catch (const Error& error) {
+    if (needs_libtorch(error.code())) {
+      throw UnsafeCheckpointLoadUnavailable(
+          detail::concat(path.string(), ": only LibTorch's deserializer could read this file (",
+                         error_code_name(error.code()), ": ", error.detail(),
+                         "); untrusted loads never call it. If you trust its producer and custody, use "
+                         "load_trusted_checkpoint."),
+          error.code());
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+// ---- registry ----------------------------------------------------------------------------
+
+TrainingState& TrainingState::add(Component& component) {
+  if (this->component(component.name())) {
+    fail(ErrorCode::invalid_argument, "a component named '", component.name(), "' is already registered");
+  }
+  if (component.name() == kManifestKey) {
+    fail(ErrorCode::invalid_argument, "the component name '", kManifestKey, "' is reserved for the manifest");
+  }
+  components_.push_back(&component);
+  return *this;
+}
+
+TrainingState& TrainingState::clear_components() {
+  components_.clear();
+  return *this;
+}
+
+TrainingState& TrainingState::set_semantic_identity(std::string identity) {
+  semantic_identity_ = std::move(identity);
+  return *this;
+}
+TrainingState& TrainingState::set_profile(ResumeProfile profile) {
+  profile_ = profile;
+  return *this;
+}
+TrainingState& TrainingState::set_config(TrainingConfig config) {
+  config_ = std::move(config);
+  return *this;
+}
+TrainingState& TrainingState::set_environment(TrainingEnvironment environment) {
+  environment_ = environment;
+  return *this;
+}
+TrainingState& TrainingState::set_code_identity(std::string identity) {
+  code_identity_ = std::move(identity);
+  return *this;
+}
+TrainingState& TrainingState::set_data_identity(std::string identity) {
+  data_identity_ = std::move(identity);
+  return *this;
+}
+TrainingState& TrainingState::set_warning_sink(std::function<void(const std::string&)> sink) {
+  warning_sink_ = std::move(sink);
+  return *this;
+}
+void TrainingState::set_after_apply_hook(std::function<void(const std::string&)> hook) {
+  after_apply_hook_ = std::move(hook);
+}
+
+Component* TrainingState::component(const std::string& name) const {
+  for (Component* c : components_) {
+    if (c->name() == name) return c;
+  }
+  return nullptr;
+}
+
+void TrainingState::warn(const std::string& message) const {
+  if (warning_sink_) {
+    warning_sink_(message);
+  } else {
+    std::cerr << "holdpoint warning: " << message << "\n";
+  }
+}
+
+std::vector<Component*> TrainingState::apply_order() const {
+  std::vector<Component*> order = components_;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Component* a, const Component* b) { return apply_rank(a->name()) < apply_rank(b->name()); });
+  return order;
+}
+
+ProfileFacts TrainingState::profile_facts() const {
+  ProfileFacts facts;
+  facts.loader_workers = environment_.loader_workers;
+  facts.distributed = environment_.distributed;
+  facts.world_size = environment_.world_size;
+  facts.rank_local_generators = environment_.rank_local_generators;
+  facts.external_randomness = environment_.external_randomness;
+  for (const Component* c : components_) c->describe(facts);
+  facts.sampler_generator_registered =
+      facts.sampler_generator != nullptr &&
+      std::find(facts.registered_generators.begin(), facts.registered_generators.end(), facts.sampler_generator) !=
+          facts.registered_generators.end();
+  return facts;
+}
+
+namespace {
+
+// The configuration the identity covers: the caller's fields plus what the
+// registry itself makes load-bearing (the profile, the semantic identity, and
+// each component's structure of record).
+TrainingConfig effective_config(const TrainingConfig& base, const std::string& semantic_identity,
+                                ResumeProfile profile) {
+  TrainingConfig config = base;
+  config.load_bearing("semantic_identity", Value::string(semantic_identity));
+  config.load_bearing("profile", Value::string(std::string(resume_profile_name(profile))));
+  return config;
+}
+
+}  // namespace
+
+Manifest TrainingState::manifest_preview() const {
+  Manifest manifest;
+  manifest.kind = CheckpointKind::resume;
+  manifest.semantic_identity = semantic_identity_;
+  manifest.profile = std::string(resume_profile_name(profile_));
+  manifest.config = effective_config(config_, semantic_identity_, profile_);
+  manifest.holdpoint_version = HOLDPOINT_VERSION;
+  manifest.libtorch_version = TORCH_VERSION;
+  manifest.compiler = __VERSION__;
+  manifest.code_identity = code_identity_;
+  manifest.data_identity = data_identity_;
+  manifest.last_resume_drift = pending_drift_;
+  for (const Component* c : components_) manifest.components.push_back({c->name(), Sha256Digest{}, Value()});
+  return manifest;
+}
+
+// ---- save ----------------------------------------------------------------------------------
+
+void verify_checkpoint_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+  verify_generation_bytes(bytes, owner);
+}
+
+PreparedCheckpoint TrainingState::prepare_save(const CheckpointSaveOptions& options, const StateStager& stage) const {
+  // A profile is a claim; it is checked before it is written down.
+  check_profile(profile_, profile_facts());
+  PreparedCheckpoint prepared;
+  prepared.manifest_ = manifest_preview();
+  prepared.torch_1_13_compatible_ = options.torch_1_13_compatible;
+  for (const Component* c : components_) prepared.states_.emplace_back(c->name(), c->capture(CaptureMode::reference));
+  if (stage) stage(prepared.states_);
+  return prepared;
+}
+
+namespace {
+
+// The torch 1.13 compatible writer stores floats and bytes as 0-d float64 and
+// 1-d uint8 tensors. Doing it once here, before writing, makes them ordinary
+// storages of the state: written with the others, covered by the component
+// digests exactly as a load will read them back.
+Value as_torch_1_13_state(const Value& value) {
+  switch (value.kind()) {
+    case ValueKind::floating: {
+      const double number = value.as_double();
+      return Value::tensor(TensorData::from_bytes(DType::float64, {}, std::as_bytes(std::span(&number, 1))));
+    }
+    case ValueKind::bytes: {
+      const std::string_view bytes = value.as_bytes();
+      return Value::tensor(TensorData::from_bytes(DType::uint8, {static_cast<std::int64_t>(bytes.size())},
+                                                  std::as_bytes(std::span(bytes.data(), bytes.size()))));
+    }
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      Value::List items;
+      for (const Value& item : value.as_list()) items.push_back(as_torch_1_13_state(item));
+      return value.is_list() ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      Dict entries;
+      for (const auto& [key, item] : value.as_dict()) entries.insert(key, as_torch_1_13_state(item));
+      if (value.as_dict().metadata()) entries.set_metadata(*value.as_dict().metadata());
+      return value.is_ordered_dict() ? Value::ordered_dict(std::move(entries)) : Value::dict(std::move(entries));
+    }
+    default: return value;
+  }
+}
+
+}  // namespace
+
+SaveResult PreparedCheckpoint::write(io::ByteSink& sink) const {
+  Manifest manifest = manifest_;
+  std::vector<std::pair<std::string, Value>> compatible;
+  if (torch_1_13_compatible_) {
+    for (const auto& [name, state] : states_) compatible.emplace_back(name, as_torch_1_13_state(state));
+  }
+  const auto& states_ = torch_1_13_compatible_ ? compatible : this->states_;
+  Dict body;
+  body.insert(std::string(kManifestKey), manifest.to_value());
+  for (const auto& [name, state] : states_) body.insert(name, state);
+  const Value provisional = Value::dict(body);
+
+  format::PtWriteOptions write_options;
+  write_options.torch_1_13_compatible = torch_1_13_compatible_;
+  const auto finish_root = [&](const std::vector<format::WrittenStorage>& written) {
+    StorageDigests digests;
+    for (const auto& storage : written) digests.set(storage.identity, storage.sha256);
+    manifest.components.clear();
+    for (const auto& [name, state] : states_) {
+      manifest.components.push_back({name, component_digest(state, digests), contract_of(state)});
+    }
+    Dict root = body;
+    root.insert_or_assign(std::string(kManifestKey), manifest.to_value());
+    return Value::dict(std::move(root));
+  };
+  const auto written = format::write_pt_storages_first(sink, provisional, finish_root, write_options);
+  SaveResult result;
+  result.tensor_count = written.tensor_count;
+  result.storage_count = written.storage_count;
+  return result;
+}
+
+SaveResult TrainingState::save(const std::filesystem::path& path, const CheckpointSaveOptions& options) {
+  const PreparedCheckpoint prepared = prepare_save(options);
+  return detail::publish_file(
+      path, {options.durable, options.write_sidecar},
+      [&](io::ByteSink& sink, SaveResult& result) {
+        const SaveResult counts = prepared.write(sink);
+        result.tensor_count = counts.tensor_count;
+        result.storage_count = counts.storage_count;
+      },
+      verify_checkpoint_bytes);
+}
+
+// ---- load_checkpoint -------------------------------------------------------------------
+
+LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
+  return load_parsed_checkpoint(read_untrusted(path, options), path);
+}
+
+LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
+                                                 const ParsedLoadOptions& options) {
+  LoadReport report;
+  report.path = path;
+  report.sha256 = mapping.sha256;
+  report.layout = "holdpoint";
+  try {
+    const Value& root = mapping.root;
+    if (!root.is_dict()) {
+      fail(ErrorCode::schema_field_missing, "the file holds a ", value_kind_name(root.kind()),
+           ", not a holdpoint checkpoint (dict with a '", kManifestKey, "' manifest)");
+    }
+    const Value* manifest_value = root.as_dict().find(kManifestKey);
+    if (!manifest_value) {
+      fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey,
+           "' manifest; legacy checkpoints restore the model with load_model_state, or everything they hold "
+           "with load_trusted_checkpoint");
+    }
+    const Manifest manifest = Manifest::from_value(*manifest_value);
+    if (manifest.kind != CheckpointKind::resume) {
+      fail(ErrorCode::checkpoint_kind_mismatch, "the checkpoint's kind is '", checkpoint_kind_name(manifest.kind),
+           "'; a full resume needs kind 'resume'");
+    }
+    const auto file_profile = resume_profile_from_name(manifest.profile);
+    if (!file_profile) fail(ErrorCode::profile_unknown, "resume profile '", manifest.profile, "' is not known");
+    report.profile = manifest.profile;
+    // The profile's preconditions must hold for the setup about to continue
+    // the run, before anything relies on the profile's claim.
+    if (!(options.allow_unqualified_profile_change && profile_ == ResumeProfile::unqualified)) {
+      check_profile(*file_profile, profile_facts());
+    }
+
+    const ConfigComparison comparison =
+        compare_configs(manifest.config, effective_config(config_, semantic_identity_, profile_));
+    std::vector<std::string> drifted = comparison.drifted;
+    if (options.allow_unqualified_profile_change && profile_ == ResumeProfile::unqualified) {
+      // The saved profile's claim is dropped, not relied on: it stops being load-bearing.
+      std::erase_if(drifted, [](const std::string& field) { return field == "profile"; });
+    }
+    if (comparison.max_epochs && comparison.max_epochs->live < comparison.max_epochs->saved) {
+      drifted.push_back(detail::concat("max_epochs (", comparison.max_epochs->saved, " -> ",
+                                       comparison.max_epochs->live, ": may grow, not shrink)"));
+    }
+    if (!drifted.empty()) {
+      fail(ErrorCode::config_drift, "load-bearing configuration differs from the checkpoint's: ", list_text(drifted));
+    }
+
+    // Inventory: exactly the registered components, each with a manifest record.
+    std::vector<std::string> missing, unknown;
+    for (const Component* c : components_) {
+      if (!root.as_dict().find(c->name()) || !manifest.component(c->name())) missing.push_back(c->name());
+    }
+    for (const auto& [key, value] : root.as_dict()) {
+      if (!key.is_string()) {
+        unknown.push_back(key.to_string());
+      } else if (key.as_string() != kManifestKey && !component(key.as_string())) {
+        unknown.push_back(key.as_string());
+      }
+    }
+    for (const auto& record : manifest.components) {
+      if (!component(record.name) && std::find(unknown.begin(), unknown.end(), record.name) == unknown.end()) {
+        unknown.push_back(record.name);
+      }
+    }
+    if (!missing.empty()) fail(ErrorCode::component_missing, "registered components absent from the file: ", list_text(missing));
+    if (!unknown.empty()) fail(ErrorCode::component_unknown, "components in the file that are not registered: ", list_text(unknown));
+
+    StorageDigests digests;
+    for (const Component* c : components_) {
+      if (!options.check_component_records) break;
+      const Value& state = root.as_dict().at(c->name());
+      const ComponentRecord& record = *manifest.component(c->name());
+      if (component_digest(state, digests) != record.sha256) {
+        fail(ErrorCode::component_digest_mismatch, "component '", c->name(),
+             "' does not match the digest its manifest records");
+      }
+      if (!equal_content(contract_of(state), record.contract)) {
+        fail(ErrorCode::component_contract_mismatch, "component '", c->name(),
+             "' does not have the structure its manifest records");
+      }
+    }
+    for (const Component* c : components_) c->validate(root.as_dict().at(c->name()));
+
+    if (comparison.max_epochs && comparison.max_epochs->live > comparison.max_epochs->saved) {
+      std::int64_t step = 0;
+      if (const Value* progress = root.as_dict().find(std::string_view("progress"));
+          progress && progress->is_dict()) {
+        if (const Value* global = progress->as_dict().find(std::string_view("global_step")); global && global->is_int()) {
+          step = global->as_int();
+        }
+      }
+      report.drift = ResumeDrift{"max_epochs", comparison.max_epochs->saved, comparison.max_epochs->live, step};
+    }
+    if (options.before_apply) options.before_apply();
+    report = apply_transactionally(root, std::move(report));
+    // The accepted extension is part of the run's history from now on.
+    if (report.drift) pending_drift_ = report.drift;
+    return report;
+  } catch (const UnsafeCheckpointLoadUnavailable&) {
+    throw;
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
+
+LoadReport TrainingState::apply_transactionally(const Value& root, LoadReport report) {
+  std::vector<std::pair<Component*, Value>> applied;  // with the copy taken just before
+  try {
+    for (Component* c : apply_order()) {
+      const Value* state = root.as_dict().find(c->name());
+      if (!state) continue;
+      applied.emplace_back(c, c->capture(CaptureMode::copy));
+      c->apply(*state);
+      report.restored.push_back(c->name());
+      if (after_apply_hook_) after_apply_hook_(c->name());
+    }
+  } catch (const std::exception& failure) {
+    // Undo in reverse, including the component that failed midway.
+    std::string rollback_failures;
+    for (auto it = applied.rbegin(); it != applied.rend(); ++it) {
+      try {
+        it->first->apply(it->second);
+      } catch (const std::exception& error) {
+        rollback_failures += detail::concat("; restoring '", it->first->name(), "' failed too: ", error.what());
+      }
+    }
+    const Error* known = dynamic_cast<const Error*>(&failure);
+    fail(ErrorCode::state_apply_failed, "applying component '", applied.empty() ? "?" : applied.back().first->name(),
+         "' failed (", known ? error_code_name(known->code()) : std::string_view("exception"), ": ",
+         known ? known->detail() : std::string(failure.what()), "); every component applied before it was restored",
+         rollback_failures);
+  }
+  return report;
+}
+
+// ---- model only -------------------------------------------------------------------------
+
+LoadReport TrainingState::load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
+  Component* model = component("model");
+  if (!model) fail(ErrorCode::invalid_argument, "load_model_state needs a component named 'model'");
+  const LoadedMapping mapping = read_untrusted(path, options);
+  LoadReport report;
+  report.path = path;
+  report.sha256 = mapping.sha256;
+  try {
+    Value state;
+    const Value& root = mapping.root;
+    const Value* manifest_value = root.is_dict() ? root.as_dict().find(kManifestKey) : nullptr;
+    if (manifest_value) {
+      const Manifest manifest = Manifest::from_value(*manifest_value);
+      const Value* model_state = root.as_dict().find(std::string_view("model"));
+      const ComponentRecord* record = manifest.component("model");
+      if (!model_state || !record) fail(ErrorCode::component_missing, "the checkpoint has no 'model' component");
+      StorageDigests digests;
+      if (component_digest(*model_state, digests) != record->sha256) {
+        fail(ErrorCode::component_digest_mismatch, "component 'model' does not match the digest its manifest records");
+      }
+      state = *model_state;
+      report.layout = "holdpoint";
+      report.profile = manifest.profile;
+    } else {
+      const checkpoint::LegacyLayout layout = checkpoint::recognise_legacy_layout(root);
+      state = layout.model;
+      report.layout = layout.name;
+      report.qualification = ResumeQualification::legacy_unqualified;
+      report.profile = std::string(resume_profile_name(ResumeProfile::unqualified));
+    }
+    model->validate(state);
+    const Value snapshot = model->capture(CaptureMode::copy);
+    try {
+      model->apply(state);
+    } catch (const std::exception& error) {
+      model->apply(snapshot);
+      fail(ErrorCode::state_apply_failed, "applying the model failed (", error.what(), "); the model was restored");
+    }
+    report.restored.push_back("model");
+    return report;
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
+
+// ---- trusted -------------------------------------------------------------------------------
+
+LoadReport TrainingState::load_trusted_checkpoint(const std::filesystem::path& path) {
+  enable_trusted_loading();
+  LoadOptions options;
+  options.trusted = true;
+  const LoadedMapping mapping = load_checkpoint_mapping(path, options);
+  LoadReport report;
+  report.path = path;
+  report.sha256 = mapping.sha256;
+  report.qualification = ResumeQualification::legacy_unqualified;
+  report.profile = std::string(resume_profile_name(ResumeProfile::unqualified));
+  report.warnings = mapping.warnings;
+  report.warnings.push_back(detail::concat(
+      path.string(), ": loaded as a trusted checkpoint; the caller vouches for its producer and custody. "
+                     "It is labelled legacy-unqualified and carries no deterministic-resume claim."));
+  for (const auto& warning : report.warnings) warn(warning);
+  try {
+    const Value& root = mapping.root;
+    if (root.is_dict() && root.as_dict().find(kManifestKey)) {
+      // A holdpoint checkpoint needs no trust; restore it the checked way.
+      LoadReport checked = load_checkpoint(path);
+      checked.warnings = report.warnings;
+      return checked;
+    }
+    const checkpoint::LegacyLayout layout = checkpoint::recognise_legacy_layout(root);
+    report.layout = mapping.via_libtorch ? "torchscript" : layout.name;
+    Dict states;
+    std::vector<std::string> skipped;
+    const auto offer = [&](const std::string& name, const std::optional<Value>& state) {
+      if (!state) return;
+      if (component(name)) {
+        states.insert(name, *state);
+      } else {
+        skipped.push_back(name);
+      }
+    };
+    offer("model", layout.model);
+    offer("optimizer", layout.optimizer);
+    offer("scheduler", layout.scheduler);
+    if (!skipped.empty()) warn(detail::concat("not restored (no such component registered): ", list_text(skipped)));
+    // Validate everything first, then apply transactionally, as for checked loads.
+    for (const auto& [key, state] : states) component(key.as_string())->validate(state);
+    return apply_transactionally(Value::dict(std::move(states)), std::move(report));
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
+
+}  // namespace holdpoint

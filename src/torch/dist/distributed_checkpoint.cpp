@@ -1,0 +1,578 @@
+#include "holdpoint/dist/distributed.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "base/fail.h"
+#include "holdpoint/state/sampler.h"
+#include "holdpoint/run/sharded_checkpoint.h"
+#include "holdpoint/base/file_system.h"
+#include "base/publish.h"
+#include "run/staging_arena.h"
+
+namespace holdpoint {
+
+using detail::concat;
+using detail::fail;
+
+namespace {
+
+// ---- collectives ---------------------------------------------------------------------------
+
+// Every rank's byte string, in rank order. Gloo's allgather needs equal
+// shapes: lengths first, then the bytes padded to the longest.
+std::vector<std::string> allgather_strings(c10d::ProcessGroup& group, const std::string& mine) {
+  const int world = group.getSize();
+  std::vector<at::Tensor> length_in{at::empty({1}, at::kLong)};
+  length_in[0].data_ptr<std::int64_t>()[0] = static_cast<std::int64_t>(mine.size());
+  std::vector<std::vector<at::Tensor>> length_out(1);
+  for (int r = 0; r < world; ++r) length_out[0].push_back(at::empty({1}, at::kLong));
+  group.allgather(length_out, length_in)->wait();
+  std::vector<std::int64_t> lengths;
+  std::int64_t longest = 1;
+  for (const auto& t : length_out[0]) {
+    lengths.push_back(t.data_ptr<std::int64_t>()[0]);
+    longest = std::max(longest, lengths.back());
+  }
+  std::vector<at::Tensor> bytes_in{at::zeros({longest}, at::kByte)};
+  if (!mine.empty()) std::memcpy(bytes_in[0].data_ptr<std::uint8_t>(), mine.data(), mine.size());
+  std::vector<std::vector<at::Tensor>> bytes_out(1);
+  for (int r = 0; r < world; ++r) bytes_out[0].push_back(at::empty({longest}, at::kByte));
+  group.allgather(bytes_out, bytes_in)->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) {
+    const auto* data = reinterpret_cast<const char*>(bytes_out[0][static_cast<std::size_t>(r)].data_ptr<std::uint8_t>());
+    out.emplace_back(data, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]));
+  }
+  return out;
+}
+
+// A rank's failure as it travels: the error code's name (or "exception") and the detail.
+struct Failure {
+  std::string code;
+  std::string detail;
+  std::optional<Error> error;  // the local rank's own error, rethrown on that rank
+};
+
+Failure failure_of(const Error& error) {
+  std::string detail = error.detail();
+  if (!error.path().empty()) detail = concat(error.path(), ": ", detail);
+  return {std::string(error_code_name(error.code())), detail, error};
+}
+
+Failure failure_of(const std::exception& error) { return {"exception", error.what(), std::nullopt}; }
+
+// The ranks agree on a phase's outcome: every rank contributes its payload
+// or its failure, and either all return every payload or all throw, naming
+// every failed rank and its reason.
+std::vector<std::string> agree(c10d::ProcessGroup& group, std::string_view phase, const std::optional<Failure>& mine,
+                               const std::string& payload = {}) {
+  const std::string message = mine ? concat("F", mine->code, "\n", mine->detail) : concat("K", payload);
+  const std::vector<std::string> all = allgather_strings(group, message);
+  std::string failures;
+  std::vector<std::string> payloads;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const std::string& m = all[r];
+    if (!m.empty() && m[0] == 'K') {
+      payloads.push_back(m.substr(1));
+      continue;
+    }
+    const auto newline = m.find('\n');
+    const std::string code = m.substr(1, newline == std::string::npos ? std::string::npos : newline - 1);
+    const std::string why = newline == std::string::npos ? std::string() : m.substr(newline + 1);
+    failures += concat(failures.empty() ? "" : "; ", "rank ", r, ": ", code, ": ", why);
+  }
+  if (failures.empty()) return payloads;
+  const std::string detail = concat(phase, " rejected on every rank (", failures, ")");
+  if (mine && mine->error) throw Error(mine->error->code(), detail);
+  fail(ErrorCode::distributed_rank_failed, detail);
+}
+
+// Runs `body`, turning a holdpoint or standard exception into a Failure (a
+// c10::Error is the group's own failure and propagates: the group is unusable).
+template <typename Body>
+std::optional<Failure> attempt(Body&& body) {
+  try {
+    body();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const Error& error) {
+    return failure_of(error);
+  } catch (const std::exception& error) {
+    return failure_of(error);
+  }
+  return std::nullopt;
+}
+
+// The captured manifest as a shard's or the step manifest's: same identity,
+// configuration and versions; component records are the shard writer's.
+Manifest sharded_manifest(Manifest manifest, CheckpointKind kind, std::int64_t world, std::int64_t step) {
+  manifest.kind = kind;
+  manifest.components.clear();
+  Sharding sharding;
+  sharding.world_size = world;
+  sharding.step = step;
+  manifest.sharding = sharding;
+  return manifest;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+struct DistributedCheckpointer::Impl {
+  c10d::ProcessGroup& group;  // the agreement collectives' (options.coordination, else the caller's group)
+  TrainingState& state;
+  std::filesystem::path path;
+  DistributedCheckpointOptions options;
+  std::int64_t rank = 0;
+  std::int64_t world = 1;
+  std::unique_ptr<RunDirectory> run;  // the coordinator's
+  std::optional<GenerationInfo> latest;
+  // Asynchronous saves: the staging copy, the background thread and its outcome.
+  run::StagingArena arena;
+  std::thread worker;
+  std::exception_ptr failure;
+  std::optional<DistributedSaveResult> last_result;
+
+  struct Captured {
+    PreparedCheckpoint prepared;
+    std::optional<Failure> failure;  // carried into the agreement, so no rank waits for this one
+  };
+  Captured capture(const StateStager& stage);
+  DistributedSaveResult run_save(c10d::ProcessGroup& group, const Captured& captured, const GenerationSpec& spec);
+  void finish_background();
+
+  Impl(c10d::ProcessGroup& g, TrainingState& s, c10d::ProcessGroup* coordination)
+      : group(coordination ? *coordination : g), state(s) {}
+
+  void hook(std::string_view phase) const {
+    if (options.phase_hook) options.phase_hook(phase);
+  }
+
+  bool is_rank_local(const std::string& name) const {
+    return std::find(options.rank_local.begin(), options.rank_local.end(), name) != options.rank_local.end();
+  }
+
+  std::string latest_text() const {
+    return latest ? concat(latest->name, " ", latest->sha256.hex(), " ", latest->step, " ", latest->world_size)
+                  : std::string("none");
+  }
+
+  void set_latest(const std::string& text) {
+    if (text == "none" || text.empty()) {
+      latest.reset();
+      return;
+    }
+    std::istringstream in(text);
+    GenerationInfo g;
+    std::string hex;
+    in >> g.name >> hex >> g.step >> g.world_size;
+    const auto digest = Sha256Digest::from_hex(hex);
+    if (!digest) fail(ErrorCode::distributed_rank_failed, "the coordinator sent a malformed LATEST: ", text);
+    g.sha256 = *digest;
+    latest = g;
+  }
+};
+
+DistributedCheckpointer::DistributedCheckpointer(c10d::ProcessGroup& group, TrainingState& state,
+                                                 std::filesystem::path run_directory,
+                                                 DistributedCheckpointOptions options)
+    : impl_(std::make_unique<Impl>(group, state, options.coordination)) {
+  Impl& d = *impl_;
+  d.path = std::move(run_directory);
+  d.options = std::move(options);
+  d.rank = group.getRank();
+  d.world = group.getSize();
+  if (d.group.getRank() != d.rank || d.group.getSize() != d.world) {
+    fail(ErrorCode::invalid_argument, "the coordination group is rank ", d.group.getRank(), " of ",
+         d.group.getSize(), "; the process group is rank ", d.rank, " of ", d.world, ": they must be the same ranks");
+  }
+  TrainingEnvironment environment = state.environment();
+  environment.distributed = true;
+  environment.world_size = d.world;
+  environment.rank_local_generators = d.is_rank_local("rng");
+  state.set_environment(environment);
+
+  const auto mine = attempt([&] {
+    if (d.rank != 0) return;
+    RunDirectoryOptions run_options = d.options.run;
+    const auto observer = run_options.commit_observer;
+    run_options.commit_observer = [&d, observer](std::string_view stage) {
+      if (observer) observer(stage);
+      d.hook(stage);
+    };
+    d.run = std::make_unique<RunDirectory>(d.path, std::move(run_options));
+    d.latest = d.run->latest();
+  });
+  const auto payloads = agree(group, "opening the run directory", mine, d.rank == 0 ? d.latest_text() : "");
+  if (d.rank != 0) d.set_latest(payloads[0]);
+}
+
+DistributedCheckpointer::~DistributedCheckpointer() {
+  // A save still in flight finishes (its collectives need every rank); its
+  // failure has no caller left to reach.
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+std::int64_t DistributedCheckpointer::rank() const noexcept { return impl_->rank; }
+std::int64_t DistributedCheckpointer::world_size() const noexcept { return impl_->world; }
+RunDirectory* DistributedCheckpointer::run_directory() noexcept { return impl_->run.get(); }
+std::optional<GenerationInfo> DistributedCheckpointer::latest() const { return impl_->latest; }
+
+// ---- save ------------------------------------------------------------------------------------
+
+DistributedCheckpointer::Impl::Captured DistributedCheckpointer::Impl::capture(const StateStager& stage) {
+  Captured captured;
+  captured.failure = attempt([&] {
+    CheckpointSaveOptions save_options;
+    save_options.torch_1_13_compatible = options.torch_1_13_compatible;
+    captured.prepared = state.prepare_save(save_options, stage);
+  });
+  return captured;
+}
+
+void DistributedCheckpointer::Impl::finish_background() {
+  if (worker.joinable()) worker.join();
+  if (failure) std::rethrow_exception(std::exchange(failure, nullptr));
+}
+
+DistributedSaveResult DistributedCheckpointer::save(const GenerationSpec& spec) {
+  Impl& d = *impl_;
+  d.finish_background();
+  return d.run_save(d.group, d.capture({}), spec);
+}
+
+void DistributedCheckpointer::save_async(const GenerationSpec& spec) {
+  Impl& d = *impl_;
+  d.finish_background();
+  if (!d.options.background) {
+    fail(ErrorCode::invalid_argument,
+         "save_async needs DistributedCheckpointOptions::background: a process group over the same ranks that "
+         "no other thread uses (collectives of two threads on one group would interleave)");
+  }
+  // The copy is taken now, on the training thread; the rest runs behind it.
+  auto captured = std::make_shared<Impl::Captured>(d.capture(
+      [&d](std::vector<std::pair<std::string, Value>>& states) { d.arena.stage(states); }));
+  d.last_result.reset();
+  d.worker = std::thread([&d, captured, spec] {
+    try {
+      d.last_result = d.run_save(*d.options.background, *captured, spec);
+    } catch (...) {
+      d.failure = std::current_exception();
+    }
+  });
+}
+
+std::optional<DistributedSaveResult> DistributedCheckpointer::wait() {
+  Impl& d = *impl_;
+  d.finish_background();
+  return std::exchange(d.last_result, std::nullopt);
+}
+
+DistributedSaveResult DistributedCheckpointer::Impl::run_save(c10d::ProcessGroup& group, const Captured& captured,
+                                                              const GenerationSpec& spec) {
+  Impl& d = *this;
+  DistributedSaveResult result;
+  result.world_size = d.world;
+
+  // 1. Partition, and the coordinator's shard directory.
+  const PreparedCheckpoint& prepared = captured.prepared;
+  ReplicatedPartition partition;
+  std::filesystem::path shards_path;
+  std::vector<std::string> replicated_names, rank_local_names;
+  auto mine = captured.failure ? captured.failure : attempt([&] {
+    std::vector<std::pair<std::string, Value>> replicated;
+    for (const auto& [name, state] : prepared.states()) {
+      if (d.is_rank_local(name)) {
+        rank_local_names.push_back(name);
+      } else {
+        replicated_names.push_back(name);
+        replicated.emplace_back(name, state);
+      }
+    }
+    partition = partition_replicated(replicated, d.world);
+    if (d.rank == 0) shards_path = d.run->prepare_shard_directory(spec.step);
+  });
+  // What every rank must agree on besides the replicated structure: the step,
+  // the configuration identity, profile and semantic identity, and which
+  // components are replicated or rank-local.
+  std::string identity;
+  if (!mine) {
+    const Manifest& m = prepared.manifest();
+    identity = concat("step ", spec.step, "; config ", m.config.load_bearing_digest().hex(), "; profile ", m.profile,
+                      "; semantic identity '", m.semantic_identity, "'; replicated");
+    for (const auto& n : replicated_names) identity += " " + n;
+    identity += "; rank-local";
+    for (const auto& n : rank_local_names) identity += " " + n;
+  }
+  const auto discard = [&] {
+    if (d.rank != 0 || !d.run) return;
+    try {
+      d.run->discard_shard_directory(spec.step);
+    } catch (const Error&) {
+      // Recovery removes it on the next open.
+    }
+  };
+  std::vector<std::string> prepared_payloads;
+  try {
+    prepared_payloads = agree(group, concat("saving step ", spec.step, ": capture"), mine,
+                              concat(partition.fingerprint.hex(), "\n", identity, "\n", shards_path.string()));
+  } catch (const Error&) {
+    discard();
+    throw;
+  }
+  for (std::size_t r = 1; r < prepared_payloads.size(); ++r) {
+    const auto theirs = split_lines(prepared_payloads[r]);
+    const auto coordinator = split_lines(prepared_payloads[0]);
+    if (theirs.at(1) != coordinator.at(1)) {
+      discard();
+      fail(ErrorCode::distributed_ranks_disagree, "saving step ", spec.step, ": rank ", r, " has ", theirs.at(1),
+           "; rank 0 has ", coordinator.at(1));
+    }
+    if (theirs.at(0) != coordinator.at(0)) {
+      discard();
+      fail(ErrorCode::distributed_replicated_mismatch, "saving step ", spec.step, ": rank ", r,
+           "'s replicated components differ from rank 0's in structure, tensor sizes or scalar values, so they "
+           "cannot be written once for all ranks; a component that differs per rank must be rank-local "
+           "(rank-local now: ", [&] {
+             std::string names;
+             for (const auto& n : d.options.rank_local) names += (names.empty() ? "" : ", ") + n;
+             return names;
+           }(), ")");
+    }
+  }
+  const auto coordinator_lines = split_lines(prepared_payloads[0]);
+  shards_path = coordinator_lines.size() > 2 ? std::filesystem::path(coordinator_lines[2]) : std::filesystem::path();
+
+  // 2. Every rank publishes its shard.
+  d.hook("before-shard");
+  io::PublishResult published;
+  mine = attempt([&] {
+    Manifest manifest = sharded_manifest(prepared.manifest(), CheckpointKind::shard, d.world, spec.step);
+    manifest.sharding->rank = d.rank;
+    std::vector<std::pair<std::string, Value>> states;
+    const auto& pieces = partition.pieces.at(static_cast<std::size_t>(d.rank));
+    std::size_t piece = 0;
+    for (const auto& [name, state] : prepared.states()) {
+      if (d.is_rank_local(name)) {
+        states.emplace_back(name, state);
+      } else {
+        states.push_back(pieces.at(piece++));
+      }
+    }
+    const PreparedCheckpoint shard(std::move(manifest), std::move(states), d.options.torch_1_13_compatible);
+    auto directory = io::posix_file_system().open_directory(shards_path, false);
+    io::PublishOptions publish_options;
+    publish_options.replace = false;
+    publish_options.durable = d.options.run.durable;
+    publish_options.max_bytes = d.options.run.limits.max_file_bytes;
+    const Limits limits = d.options.run.limits;
+    published = io::publish(
+        *directory, shard_file_name(d.rank), publish_options, [&](io::ByteSink& sink) { shard.write(sink); },
+        [&limits](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+          verify_generation_bytes(bytes, owner, limits);
+        });
+  });
+  d.hook("after-shard");
+  std::vector<std::string> shard_payloads;
+  try {
+    shard_payloads = agree(group, concat("saving step ", spec.step, ": shards"), mine,
+                           concat(published.size, " ", published.sha256.hex()));
+  } catch (const Error&) {
+    discard();
+    throw;
+  }
+  for (std::size_t r = 0; r < shard_payloads.size(); ++r) {
+    std::istringstream in(shard_payloads[r]);
+    ShardRecord record;
+    std::string hex;
+    in >> record.size >> hex;
+    record.rank = static_cast<std::int64_t>(r);
+    const auto digest = Sha256Digest::from_hex(hex);
+    if (!digest) fail(ErrorCode::distributed_rank_failed, "rank ", r, " reported a malformed shard digest");
+    record.sha256 = *digest;
+    result.shards.push_back(record);
+  }
+  result.bytes_written = published.size;
+
+  // 3. The coordinator commits the step manifest; LATEST moves last.
+  if (d.rank == 0) d.hook("before-commit");
+  std::string committed;
+  mine = attempt([&] {
+    if (d.rank != 0) return;
+    Manifest manifest = sharded_manifest(prepared.manifest(), CheckpointKind::sharded, d.world, spec.step);
+    Sharding& sharding = *manifest.sharding;
+    sharding.replicated = replicated_names;
+    sharding.rank_local = rank_local_names;
+    sharding.shards = result.shards;
+    const PreparedCheckpoint step_manifest(manifest, {}, d.options.torch_1_13_compatible);
+    GenerationSpec generation = spec;
+    generation.world_size = d.world;
+    const Limits limits = d.options.run.limits;
+    const auto verify = [&](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+      const Manifest read = Manifest::of_root(parse_checkpoint_bytes(bytes, owner, limits).root);
+      if (read.kind != CheckpointKind::sharded || read.sharding->shards.size() != sharding.shards.size()) {
+        fail(ErrorCode::schema_field_invalid, "the step manifest read back is not the one written");
+      }
+      // The shards are there, at their reported sizes (each rank read its own back already).
+      auto shards = io::posix_file_system().open_directory(shards_path, false);
+      for (const auto& shard : sharding.shards) {
+        const auto info = shards->stat(shard_file_name(shard.rank));
+        if (!info || info->type != io::FileInfo::Type::regular || info->size != shard.size) {
+          fail(ErrorCode::run_shards_invalid, shard_directory_name(spec.step), "/", shard_file_name(shard.rank),
+               " is missing or not of its reported size ", shard.size);
+        }
+      }
+    };
+    const CommitResult commit =
+        d.run->commit(generation, [&](io::ByteSink& sink) { step_manifest.write(sink); }, verify);
+    result.generation = commit.generation;
+    committed = concat(commit.generation.name, " ", commit.generation.sha256.hex(), " ", commit.generation.step, " ",
+                       commit.generation.size);
+  });
+  if (mine && d.rank == 0 && !(d.run->latest() && d.run->latest()->step == spec.step)) discard();
+  const auto outcome = agree(group, concat("saving step ", spec.step, ": commit"), mine, committed);
+  {
+    std::istringstream in(outcome[0]);
+    GenerationInfo& g = result.generation;
+    std::string hex;
+    in >> g.name >> hex >> g.step >> g.size;
+    const auto digest = Sha256Digest::from_hex(hex);
+    if (!digest) fail(ErrorCode::distributed_rank_failed, "the coordinator reported a malformed commit: ", outcome[0]);
+    g.sha256 = *digest;
+    g.epoch = spec.epoch;
+    g.kind = spec.kind;
+    g.metrics = spec.metrics;
+    g.world_size = d.world;
+  }
+  result.total_bytes = result.generation.size;
+  for (const auto& shard : result.shards) result.total_bytes += shard.size;
+  d.latest = result.generation;
+  return result;
+}
+
+// ---- load ------------------------------------------------------------------------------------
+
+std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const DistributedLoadOptions& options) {
+  Impl& d = *impl_;
+  d.finish_background();
+  const auto mine = attempt([&] {
+    if (d.rank != 0) return;
+    d.latest = d.run->latest();
+    if (const auto lost = d.latest ? std::nullopt : d.run->recovery().lost_generations()) {
+      fail(ErrorCode::run_no_generation, d.path.string(),
+           ": no generation verifies, but the run directory shows an earlier run (", *lost,
+           "); resuming from scratch is refused. Inspect with `holdpoint ls`, then remove the run directory to "
+           "start over");
+    }
+  });
+  const auto payloads = agree(d.group, "resuming", mine, d.rank == 0 ? d.latest_text() : "");
+  d.set_latest(payloads[0]);
+  if (!d.latest) return std::nullopt;
+  DistributedLoadOptions load_options = options;
+  load_options.expected_sha256 = d.latest->sha256;
+  return load(d.path / kCheckpointsDirectory / d.latest->name, load_options);
+}
+
+DistributedLoadReport DistributedCheckpointer::load(const std::filesystem::path& manifest_path,
+                                                    const DistributedLoadOptions& options) {
+  Impl& d = *impl_;
+  d.finish_background();
+  DistributedLoadReport out;
+  bool agreed = false;
+  const std::string phase = concat("loading ", manifest_path.string());
+  const auto run = [&] {
+    ShardedReadOptions read_options;
+    read_options.limits = d.options.run.limits;
+    read_options.expected_sha256 = options.expected_sha256;
+    const ShardedCheckpoint checkpoint = read_sharded_checkpoint(manifest_path, read_options);
+    const Sharding& sharding = checkpoint.sharding();
+    out.saved_world_size = sharding.world_size;
+    out.world_size_changed = sharding.world_size != d.world;
+    if (out.world_size_changed) {
+      if (!options.allow_world_size_change) {
+        fail(ErrorCode::distributed_world_size_changed, manifest_path.string(), " was saved by ", sharding.world_size,
+             " ranks; this group has ", d.world,
+             ". A changed world size resumes only as unqualified, with allow_world_size_change "
+             "(docs/distributed.md)");
+      }
+      if (d.state.profile() != ResumeProfile::unqualified) {
+        fail(ErrorCode::distributed_world_size_changed, manifest_path.string(), " was saved by ", sharding.world_size,
+             " ranks; this group has ", d.world, ", and profile ", resume_profile_name(d.state.profile()),
+             " requires the same world size. Resume as unqualified to change it");
+      }
+    }
+    out.rank_local_source = d.rank % sharding.world_size;
+
+    Dict root;
+    Manifest manifest = checkpoint.manifest;
+    manifest.kind = CheckpointKind::resume;
+    manifest.sharding.reset();
+    manifest.components.clear();
+    std::vector<std::pair<std::string, Value>> states;
+    for (const auto& name : sharding.replicated) states.emplace_back(name, checkpoint.replicated(name));
+    for (const auto& name : sharding.rank_local) {
+      if (out.world_size_changed && name == "sampler") {
+        std::vector<const Value*> saved;
+        for (std::int64_t r = 0; r < sharding.world_size; ++r) saved.push_back(&checkpoint.rank_local(name, r));
+        states.emplace_back(name, reassign_distributed_sampler_state(saved, d.rank, d.world));
+      } else {
+        states.emplace_back(name, checkpoint.rank_local(name, out.rank_local_source));
+      }
+    }
+    // Each shard was checked against its own manifest's digests, and each
+    // shard's bytes against the step manifest's: the merged state carries no
+    // digests of its own.
+    for (const auto& [name, state] : states) manifest.components.push_back({name, Sha256Digest{}, Value()});
+    root.insert(std::string(kManifestKey), manifest.to_value());
+    for (auto& [name, state] : states) root.insert(name, std::move(state));
+    LoadedMapping mapping;
+    mapping.root = Value::dict(std::move(root));
+    mapping.sha256 = checkpoint.sha256;
+
+    ParsedLoadOptions load_options;
+    load_options.check_component_records = false;
+    load_options.allow_unqualified_profile_change = out.world_size_changed;
+    load_options.before_apply = [&] {
+      agreed = true;
+      agree(d.group, phase, std::nullopt);
+    };
+    out.report = d.state.load_parsed_checkpoint(mapping, manifest_path, load_options);
+  };
+  std::optional<Failure> failure;
+  try {
+    run();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const Error& error) {
+    if (agreed) throw;
+    failure = failure_of(error);
+  } catch (const std::exception& error) {
+    if (agreed) throw;
+    failure = failure_of(error);
+  }
+  if (failure) agree(d.group, phase, failure);  // throws on every rank
+  if (out.world_size_changed) {
+    out.report.profile = std::string(resume_profile_name(ResumeProfile::unqualified));
+    out.report.warnings.push_back(concat("resumed a checkpoint of ", out.saved_world_size, " ranks on ", d.world,
+                                         " as unqualified: rank-local state from saved rank ", out.rank_local_source,
+                                         ", the sampler's global position reassigned"));
+  }
+  return out;
+}
+
+}  // namespace holdpoint

@@ -1,0 +1,75 @@
+#include "holdpoint/state/component.h"
+
+namespace holdpoint {
+
+Value Component::contract() const { return contract_of(capture(CaptureMode::reference)); }
+
+void Component::describe(ProfileFacts&) const {}
+
+Value contract_of(const Value& state) {
+  switch (state.kind()) {
+    case ValueKind::tensor: {
+      const TensorData& t = state.as_tensor();
+      Value::List shape;
+      for (std::int64_t size : t.sizes) shape.push_back(Value::integer(size));
+      Dict entry;
+      entry.insert("kind", Value::string("Tensor"));
+      entry.insert("dtype", Value::string(std::string(dtype_name(t.dtype))));
+      entry.insert("shape", Value::list(std::move(shape)));
+      return Value::dict(std::move(entry));
+    }
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      Value::List items;
+      for (const Value& item : state.as_list()) items.push_back(contract_of(item));
+      Dict entry;
+      entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));
+      entry.insert("items", Value::list(std::move(items)));
+      return Value::dict(std::move(entry));
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      Dict fields;
+      for (const auto& [key, item] : state.as_dict()) {
+        fields.insert(key.is_string() ? DictKey(key.as_string()) : DictKey(key.as_int()), contract_of(item));
+      }
+      Dict entry;
+      entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));
+      entry.insert("fields", Value::dict(std::move(fields)));
+      return Value::dict(std::move(entry));
+    }
+    default: {
+      Dict entry;
+      entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));
+      return Value::dict(std::move(entry));
+    }
+  }
+}
+
+Value deep_copy(const Value& value) {
+  switch (value.kind()) {
+    case ValueKind::tensor: {
+      const TensorData& t = value.as_tensor();
+      TensorData copy = TensorData::from_bytes(t.dtype, t.sizes, t.contiguous_bytes());
+      copy.requires_grad = t.requires_grad;
+      copy.is_parameter = t.is_parameter;
+      return Value::tensor(std::move(copy));
+    }
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      Value::List items;
+      for (const Value& item : value.as_list()) items.push_back(deep_copy(item));
+      return value.is_list() ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      Dict entries;
+      for (const auto& [key, item] : value.as_dict()) entries.insert(key, deep_copy(item));
+      if (value.as_dict().metadata()) entries.set_metadata(*value.as_dict().metadata());
+      return value.is_ordered_dict() ? Value::ordered_dict(std::move(entries)) : Value::dict(std::move(entries));
+    }
+    default: return value;  // scalars and strings are immutable
+  }
+}
+
+}  // namespace holdpoint
