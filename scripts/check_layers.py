@@ -32,7 +32,8 @@ from pathlib import Path
 # includes the torch tier or LibTorch.
 # ---------------------------------------------------------------------------
 UNITS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    # core tier (LibTorch-free): base < format < schema < run < verify
+    # core tier (LibTorch-free): base < format < schema < run < verify;
+    # inside format: value < {zip, pickle, safetensors} < format (files directly in src/core/format/)
     "base":               ("core",  "src/core/base",               ()),
     "format/value":       ("core",  "src/core/format/value",       ("base",)),
     "format/zip":         ("core",  "src/core/format/zip",         ("format/value",)),
@@ -48,6 +49,12 @@ UNITS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "checkpoint":         ("torch", "src/torch/checkpoint",        ("state",)),
     "trainer":            ("torch", "src/torch/trainer",           ("checkpoint",)),
     "dist":               ("torch", "src/torch/dist",              ("checkpoint",)),
+}
+
+# How messages state each tier's order.
+ORDER_TEXT = {
+    "core": "base < format < schema < run < verify",
+    "torch": "tensor < state < checkpoint < {trainer, dist}",
 }
 
 # Private headers are included relative to these roots ("base/publish.h").
@@ -115,12 +122,6 @@ PUBLIC_LAYERS_BELOW = {
     unit: {LAYER_OF_UNIT[u] for u in BELOW[unit]} - {LAYER_OF_UNIT[unit]}
     for unit in UNITS
 }
-
-
-def order_text(tier: str) -> str:
-    if tier == "core":
-        return "base < format < schema < run < verify"
-    return "tensor < state < checkpoint < {trainer, dist}"
 
 
 # ---------------------------------------------------------------------------
@@ -338,9 +339,7 @@ def unit_may_include(unit: str, target: Target) -> str | None:
         if layer == LAYER_OF_UNIT[unit] or layer in PUBLIC_LAYERS_BELOW[unit]:
             return None
         return direction_reason(unit, layer)
-    if target.kind == "elsewhere":
-        return "library sources include only headers of the layers (src/core, src/torch, include/holdpoint)"
-    if target.kind == "local":
+    if target.kind in ("elsewhere", "local"):
         return "library sources include only headers of the layers (src/core, src/torch, include/holdpoint)"
     return None
 
@@ -353,11 +352,11 @@ def direction_reason(unit: str, other: str) -> str:
         return f"the core tier is LibTorch-free and never includes the torch tier ({other} is a torch layer)"
     other_units = [other] if other in UNITS else [u for u in UNITS if LAYER_OF_UNIT[u] == other]
     if any(unit in BELOW[u] for u in other_units):
-        return f"{other} is above {unit}; a layer includes only its own and lower layers ({order_text(tier)})"
+        return f"{other} is above {unit}; a layer includes only its own and lower layers ({ORDER_TEXT[tier]})"
     if LAYER_OF_UNIT[unit] == "format" and LAYER_OF_UNIT.get(other, other) == "format":
         return ("zip, pickle and safetensors sit side by side on format/value and must not include one another;"
                 " value includes none of them")
-    return f"{unit} and {other} are side by side, not one above the other, and must not include each other ({order_text(tier)})"
+    return f"{unit} and {other} are side by side, not one above the other, and must not include each other ({ORDER_TEXT[tier]})"
 
 
 def public_may_include(layer: str, target: Target) -> str | None:
@@ -373,8 +372,7 @@ def public_may_include(layer: str, target: Target) -> str | None:
         layer_units = [u for u in UNITS if LAYER_OF_UNIT[u] == layer]
         if other == layer or any(other in PUBLIC_LAYERS_BELOW[u] for u in layer_units):
             return None
-        top = next(u for u in layer_units if u == layer)
-        return direction_reason(top, other)
+        return direction_reason(layer, other)
     return "a public header includes only public holdpoint/ headers (and system/third-party ones), never a private one"
 
 
