@@ -96,7 +96,7 @@ int run_peak(const std::string& kind, const std::string& file, const std::string
   std::size_t count = 0;
   if (kind == "holdpoint") {
     holdpoint::LoadOptions options;
-    if (!sha256.empty()) options.expected_sha256 = sha256;
+    if (!sha256.empty()) options.expected_sha256 = holdpoint::Sha256Digest::parse(sha256);
     const auto mapping = holdpoint::load_checkpoint_mapping(file, options);
     count = mapping.root.as_dict().size();
   } else {
@@ -206,7 +206,7 @@ void run_case(const std::string& self, const BenchCase& bench_case, int repeat, 
     });
   });
   holdpoint::LoadOptions verified;
-  verified.expected_sha256 = saved.sha256.hex();
+  verified.expected_sha256 = saved.sha256;
   // A load is timed until its result is usable; the result is released after
   // the clock stops, for every loader alike (Python's peer does the same).
   const double our_load = median_of(repeat, [&] {

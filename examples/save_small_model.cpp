@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
               << " bytes, sha256 " << saved.sha256.hex() << ")\n";
 
     holdpoint::LoadOptions load_options;
-    load_options.expected_sha256 = saved.sha256.hex();
+    load_options.expected_sha256 = saved.sha256;
     const auto loaded = holdpoint::load_checkpoint_mapping(argv[1], load_options);
     torch::manual_seed(1);
     SmallNet fresh;

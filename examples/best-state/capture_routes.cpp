@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/state/best_state.h"
+#include "holdpoint/checkpoint/best_state_gate.h"
 #include "tiny_selection.h"
 
 namespace {

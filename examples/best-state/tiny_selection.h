@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/state/best_state.h"
+#include "holdpoint/checkpoint/best_state_gate.h"
 
 namespace tiny_selection {
 

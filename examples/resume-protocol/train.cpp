@@ -225,8 +225,8 @@ int main(int argc, char** argv) {
       holdpoint::CheckpointLoadOptions load;
       std::ifstream sidecar(resume.string() + ".sha256");
       std::string digest;
-      if (sidecar >> digest) load.expected_sha256 = digest;
-      trainer.resume(resume, load);
+      if (sidecar >> digest) load.expected_sha256 = holdpoint::Sha256Digest::parse(digest);
+      trainer.state().load_checkpoint(resume, load);
       summary["resumed_from"] = resume.string();
       if (omit_rng_restore) {
         // The negative control: everything restored but the generators.

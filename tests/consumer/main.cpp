@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     if (holdpoint::read_sha256_sidecar(path).hex() != saved.sha256.hex()) return fail("the sidecar names another digest");
 
     holdpoint::LoadOptions options;
-    options.expected_sha256 = saved.sha256.hex();
+    options.expected_sha256 = saved.sha256;
     const auto loaded = holdpoint::load_checkpoint_mapping(path, options);
     if (loaded.via_libtorch) return fail("the restricted reader handed the file to LibTorch");
     const auto& dict = loaded.root.as_dict();
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
 
     // The digest is checked, not just accepted.
     holdpoint::LoadOptions wrong_digest;
-    wrong_digest.expected_sha256 = std::string(64, '0');
+    wrong_digest.expected_sha256 = holdpoint::Sha256Digest::parse(std::string(64, '0'));
     try {
       holdpoint::load_checkpoint_mapping(path, wrong_digest);
       return fail("a wrong expected_sha256 was accepted");

@@ -33,7 +33,7 @@ DOCTOR_TIMEOUT_S = 120
 
 UNTRUSTED_OK = ["load_checkpoint_mapping", "TrainingState::load_model_state", "TrainingState::load_checkpoint",
                 "CheckpointManager::resume", "DistributedCheckpointer::load / resume"]
-TRUSTED_ONLY = ["TrainingState::load_trusted_checkpoint", "load_checkpoint_mapping {.trusted = true}"]
+TRUSTED_ONLY = ["load_trusted_mapping", "TrainingState::load_trusted_checkpoint"]
 
 
 def cache_entries():

@@ -82,12 +82,12 @@ int main(int argc, char** argv) {
     options.loss_identity = "mse";
     options.max_epochs = 1000;
     options.max_steps = steps;
-    options.save_every_steps = every;
+    options.checkpointing.cadence.every_steps = every;
     options.run_directory = run;
-    options.run_options.asynchronous = asynchronous;
-    options.run_options.run.retention.keep_last = static_cast<std::size_t>(keep_last);
-    options.run_options.run.best_metric = holdpoint::BestMetric{"loss", false};
-    options.run_options.run.retention.keep_best = 1;
+    options.checkpointing.asynchronous = asynchronous;
+    options.checkpointing.run.retention.keep_last = static_cast<std::size_t>(keep_last);
+    options.checkpointing.run.best_metric = holdpoint::BestMetric{"loss", false};
+    options.checkpointing.run.retention.keep_best = 1;
     options.handle_preemption_signals = true;
     options.config.load_bearing("width", holdpoint::Value::integer(width));
     holdpoint::Trainer trainer(
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     trainer.set_scheduler(scheduler);
     trainer.rng().add("sampler", order);
 
-    const auto resumed = trainer.open_run();
+    const auto resumed = trainer.resume();
     std::cout << (resumed ? "resumed " + std::to_string(trainer.progress().global_step) : std::string("fresh"))
               << std::endl;
     const holdpoint::FitOutcome outcome = trainer.fit([&](const holdpoint::StepRecord&) {

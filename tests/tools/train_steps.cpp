@@ -99,7 +99,6 @@ int main(int argc, char** argv) {
     options.loss_identity = "mse";
     options.max_epochs = 100;
     options.max_steps = steps;
-    options.save_options.torch_1_13_compatible = torch_1_13_compatible;
     options.config.load_bearing("seeds", holdpoint::Value::list({holdpoint::Value::integer(2024),
                                                                  holdpoint::Value::integer(7)}));
     holdpoint::Trainer trainer(
@@ -112,7 +111,7 @@ int main(int argc, char** argv) {
     nlohmann::json trace;
     trace["resumed_from"] = resume.string();
     if (!resume.empty()) {
-      const auto report = trainer.resume(resume);
+      const auto report = trainer.state().load_checkpoint(resume);
       trace["resumed_at_step"] = trainer.progress().global_step;
       trace["profile"] = report.profile;
       if (omit_rng_restore) {
@@ -129,7 +128,7 @@ int main(int argc, char** argv) {
                          {"lr", bits(record.learning_rate)}});
     });
     trace["steps"] = records;
-    trainer.save(output / "checkpoint.pt");
+    trainer.state().save(output / "checkpoint.pt", {.torch_1_13_compatible = torch_1_13_compatible});
     std::ofstream(output / "trace.json") << trace.dump(1) << "\n";
     return 0;
   } catch (const holdpoint::Error& error) {

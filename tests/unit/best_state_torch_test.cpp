@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../examples/best-state/tiny_selection.h"
-#include "holdpoint/state/best_state.h"
+#include "holdpoint/checkpoint/best_state_gate.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/state/component.h"
 #include "holdpoint/schema/manifest.h"

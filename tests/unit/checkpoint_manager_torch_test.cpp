@@ -334,9 +334,9 @@ TEST(Trainer, RunDirectoryCadenceSavesGenerations) {
   TempDir tmp;
   TrainRun run(11, [&](TrainerOptions& o) {
     o.run_directory = tmp / "run";
-    o.save_every_steps = 4;
     o.max_steps = 10;
-    o.run_options = quiet(true);
+    o.checkpointing = quiet(true);
+    o.checkpointing.cadence.every_steps = 4;
   });
   EXPECT_EQ(run.trainer->fit(), FitOutcome::finished);
   std::vector<std::int64_t> steps;
@@ -356,7 +356,7 @@ TEST(Trainer, AutoResumesFromLatestAndContinuesTheExactTrajectory) {
   TrainRun first(12, [&](TrainerOptions& o) {
     o.max_steps = 9;
     o.run_directory = tmp / "run";
-    o.run_options = quiet(false);
+    o.checkpointing = quiet(false);
   });
   EXPECT_FALSE(first.trainer->checkpoints());
   first.trainer->fit();
@@ -367,7 +367,7 @@ TEST(Trainer, AutoResumesFromLatestAndContinuesTheExactTrajectory) {
   TrainRun second(500, [&](TrainerOptions& o) {  // other seeds: everything must come from LATEST
     o.max_steps = 14;
     o.run_directory = tmp / "run";
-    o.run_options = quiet(false);
+    o.checkpointing = quiet(false);
   });
   EXPECT_EQ(second.trainer->fit(), FitOutcome::finished);
   EXPECT_EQ(second.trainer->progress().global_step, 14);
@@ -380,10 +380,10 @@ TEST(Trainer, AFreshRunDirectoryStartsFromScratch) {
   TrainRun run(13, [&](TrainerOptions& o) {
     o.max_steps = 2;
     o.run_directory = tmp / "run";
-    o.run_options = quiet(false);
+    o.checkpointing = quiet(false);
   });
-  EXPECT_FALSE(run.trainer->open_run());
-  EXPECT_ERROR_CODE(run.trainer->open_run(), ErrorCode::save_invalid_request);
+  EXPECT_FALSE(run.trainer->resume());
+  EXPECT_ERROR_CODE(run.trainer->resume(), ErrorCode::save_invalid_request);
   EXPECT_EQ(run.trainer->fit(), FitOutcome::finished);
 }
 
@@ -396,7 +396,7 @@ TEST(Trainer, APreemptionSignalSavesAtTheNextStepBoundaryAndReturns) {
     o.max_steps = 12;
     o.run_directory = tmp / "run";
     o.handle_preemption_signals = true;
-    o.run_options = quiet(true);
+    o.checkpointing = quiet(true);
   });
   const FitOutcome outcome = preempted.trainer->fit([](const StepRecord& record) {
     if (record.step == 5) std::raise(SIGTERM);  // handled by the guard, not fatal
@@ -412,7 +412,7 @@ TEST(Trainer, APreemptionSignalSavesAtTheNextStepBoundaryAndReturns) {
     o.max_steps = 12;
     o.run_directory = tmp / "run";
     o.handle_preemption_signals = true;
-    o.run_options = quiet(true);
+    o.checkpointing = quiet(true);
   });
   EXPECT_EQ(restarted.trainer->fit(), FitOutcome::finished);
   expect_bit_equal(restarted.parameters(), continuous.parameters());
@@ -429,7 +429,7 @@ TEST(CheckpointManager, ARunWhoseGenerationsAreAllDamagedIsNotRestartedFromScrat
   std::ofstream(tmp / "run" / "checkpoints" / "step-00000001.pt", std::ios::binary | std::ios::trunc) << "torn";
   TrainRun restarted(15, [&](TrainerOptions& o) {
     o.run_directory = tmp / "run";
-    o.run_options = quiet(false);
+    o.checkpointing = quiet(false);
   });
   EXPECT_ERROR_CODE(restarted.trainer->fit(), ErrorCode::run_no_generation);
   EXPECT_EQ(restarted.trainer->progress().global_step, 0);

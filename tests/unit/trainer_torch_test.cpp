@@ -111,10 +111,10 @@ TEST(Trainer, ResumeMidEpochContinuesTheExactTrajectory) {
 
   TrainingRun first(1);
   const auto head = steps(first, 7);  // mid-epoch 1 (6 batches per epoch)
-  first.trainer->save(dir / "cut.pt");
+  first.trainer->state().save(dir / "cut.pt");
 
   TrainingRun second(50);  // different seeds everywhere: everything must come from the file
-  const LoadReport report = second.trainer->resume(dir / "cut.pt");
+  const LoadReport report = second.trainer->state().load_checkpoint(dir / "cut.pt");
   EXPECT_EQ(report.profile, "cpu-shuffled-singleworker-v1");
   EXPECT_EQ(second.trainer->progress().global_step, 7);
   const auto tail = steps(second, 7);
@@ -142,7 +142,7 @@ class TrainerPoison : public ::testing::Test {
   void SetUp() override {
     TrainingRun source(1);
     steps(source, 7);
-    source.trainer->save(dir.path() / "ckpt.pt");
+    source.trainer->state().save(dir.path() / "ckpt.pt");
   }
 
   // A fresh run that trained a little (so every component holds real state),
@@ -155,7 +155,7 @@ class TrainerPoison : public ::testing::Test {
     if (prepare) prepare(target);
     // The snapshot includes every generator's state (the "rng" component).
     const Value before = target.snapshot();
-    EXPECT_ERROR_CODE(target.trainer->resume(path), code);
+    EXPECT_ERROR_CODE(target.trainer->state().load_checkpoint(path), code);
     EXPECT_EQ(describe_difference(before, target.snapshot()), "") << "a refused load changed the live state";
   }
 
@@ -249,10 +249,10 @@ TEST_F(TrainerPoison, WholeFileDigestAndForeignFiles) {
   steps(target, 3);
   const Value before = target.snapshot();
   CheckpointLoadOptions options;
-  options.expected_sha256 = std::string(64, 'a');
-  EXPECT_ERROR_CODE(target.trainer->resume(dir.path() / "ckpt.pt", options), ErrorCode::sha256_mismatch);
+  options.expected_sha256 = Sha256Digest::parse(std::string(64, 'a'));
+  EXPECT_ERROR_CODE(target.trainer->state().load_checkpoint(dir.path() / "ckpt.pt", options), ErrorCode::sha256_mismatch);
   testing::write_file_bytes(dir.path() / "junk.pt", testing::bytes_of("not a checkpoint"));
-  EXPECT_ERROR_CODE(target.trainer->resume(dir.path() / "junk.pt"), ErrorCode::unknown_format);
+  EXPECT_ERROR_CODE(target.trainer->state().load_checkpoint(dir.path() / "junk.pt"), ErrorCode::unknown_format);
   EXPECT_EQ(describe_difference(before, target.snapshot()), "");
 }
 
@@ -260,7 +260,7 @@ TEST(TrainerRollback, FailureAfterSomeComponentsRestoresAllOfThem) {
   TempDir dir;
   TrainingRun source(1);
   steps(source, 7);
-  source.trainer->save(dir / "ckpt.pt");
+  source.trainer->state().save(dir / "ckpt.pt");
   for (const char* fail_after : {"model", "optimizer", "progress", "sampler"}) {
     SCOPED_TRACE(fail_after);
     TrainingRun target(99);
@@ -269,7 +269,7 @@ TEST(TrainerRollback, FailureAfterSomeComponentsRestoresAllOfThem) {
     target.trainer->state().set_after_apply_hook([&](const std::string& name) {
       if (name == fail_after) throw std::runtime_error("injected");
     });
-    EXPECT_ERROR_CODE(target.trainer->resume(dir / "ckpt.pt"), ErrorCode::state_apply_failed);
+    EXPECT_ERROR_CODE(target.trainer->state().load_checkpoint(dir / "ckpt.pt"), ErrorCode::state_apply_failed);
     EXPECT_EQ(describe_difference(before, target.snapshot()), "");
   }
 }
@@ -287,14 +287,14 @@ TEST(TrainerFeatures, EarlyStoppingAndMaxEpochsEndTheRun) {
 TEST(TrainerFeatures, SaveCadenceWritesCheckpointsThatResume) {
   TempDir dir;
   const auto cadence = [&](TrainerOptions& o) {
-    o.save_every_steps = 4;
+    o.checkpointing.cadence.every_steps = 4;
     o.checkpoint_path = dir / "latest.pt";
   };
   TrainingRun run(1, cadence);
   steps(run, 5);
   ASSERT_TRUE(std::filesystem::exists(dir / "latest.pt"));
   TrainingRun resumed(2, cadence);
-  resumed.trainer->resume(dir / "latest.pt");
+  resumed.trainer->state().load_checkpoint(dir / "latest.pt");
   EXPECT_EQ(resumed.trainer->progress().global_step, 4);
 }
 
@@ -302,14 +302,14 @@ TEST(TrainerFeatures, GrowingMaxEpochsIsRecordedAsDrift) {
   TempDir dir;
   TrainingRun run(1);
   steps(run, 3);
-  run.trainer->save(dir / "ckpt.pt");
+  run.trainer->state().save(dir / "ckpt.pt");
   TrainingRun resumed(2, [](TrainerOptions& o) { o.max_epochs = 8; });
-  const LoadReport report = resumed.trainer->resume(dir / "ckpt.pt");
+  const LoadReport report = resumed.trainer->state().load_checkpoint(dir / "ckpt.pt");
   ASSERT_TRUE(report.drift.has_value());
   EXPECT_EQ(report.drift->from, 5);
   EXPECT_EQ(report.drift->to, 8);
   EXPECT_EQ(report.drift->at_step, 3);
-  resumed.trainer->save(dir / "next.pt");
+  resumed.trainer->state().save(dir / "next.pt");
   const Manifest next = Manifest::from_value(load_checkpoint_mapping(dir / "next.pt").root.as_dict().at("holdpoint"));
   ASSERT_TRUE(next.last_resume_drift.has_value());
   EXPECT_EQ(next.last_resume_drift->from, 5);

@@ -376,7 +376,7 @@ TEST(TrainingStatePoison, DigestOfTheWholeFileIsCheckedFirst) {
   Fixture target(2);
   const Value before = target.snapshot();
   CheckpointLoadOptions options;
-  options.expected_sha256 = std::string(64, '0');
+  options.expected_sha256 = Sha256Digest::parse(std::string(64, '0'));
   EXPECT_ERROR_CODE(target.state.load_checkpoint(dir / "ckpt.pt", options), ErrorCode::sha256_mismatch);
   EXPECT_EQ(describe_difference(before, target.snapshot()), "");
 }
@@ -446,16 +446,14 @@ TEST(TrainingStateTrust, TrustedMappingFallsBackToLibTorchAndWarns) {
   Fixture source(1);
   torch::save(source.model, (dir / "libtorch.pt").string());
   EXPECT_ERROR_CODE(load_checkpoint_mapping(dir / "libtorch.pt"), ErrorCode::torchscript_archive);
-  enable_trusted_loading();
   LoadOptions options;
-  options.trusted = true;
-  const LoadedMapping mapping = load_checkpoint_mapping(dir / "libtorch.pt", options);
+  const LoadedMapping mapping = load_trusted_mapping(dir / "libtorch.pt", options);
   EXPECT_TRUE(mapping.via_libtorch);
   ASSERT_FALSE(mapping.warnings.empty());
   EXPECT_TRUE(mapping.root.as_dict().find("0.weight"));
   // I/O problems and digest mismatches are never a reason to try LibTorch.
-  options.expected_sha256 = std::string(64, '0');
-  EXPECT_ERROR_CODE(load_checkpoint_mapping(dir / "libtorch.pt", options), ErrorCode::sha256_mismatch);
+  options.expected_sha256 = Sha256Digest::parse(std::string(64, '0'));
+  EXPECT_ERROR_CODE(load_trusted_mapping(dir / "libtorch.pt", options), ErrorCode::sha256_mismatch);
 }
 
 TEST(TrainingStateModelOnly, LoadsHoldpointAndLegacyLayouts) {

@@ -94,12 +94,12 @@ std::vector<LoadApi> load_apis() {
       {"DistributedCheckpointer::load / resume", Trust::untrusted_ok, kHaveDist,
        kHaveDist ? "every shard checked on every rank, ranks agree before applying; " + restricted
                  : "unavailable: this build has no holdpoint_dist (LibTorch without c10d headers)"},
+      {"load_trusted_mapping", Trust::trusted_only, true,
+       std::string("the one route to LibTorch ") + TORCH_VERSION +
+           "'s deserializer, after the restricted reader refuses a file (torch::save archives); caller vouches "
+           "for producer and custody; warns (LibTorch 1.13 is affected by CVE-2025-32434 and CVE-2026-24747)"},
       {"TrainingState::load_trusted_checkpoint", Trust::trusted_only, true,
-       std::string("LibTorch ") + TORCH_VERSION +
-           " deserializer for torch::save archives; caller vouches for producer and custody; warns; "
-           "labelled legacy-unqualified (LibTorch 1.13 is affected by CVE-2025-32434 and CVE-2026-24747)"},
-      {"load_checkpoint_mapping {.trusted = true}", Trust::trusted_only, true,
-       "falls back to LibTorch's deserializer after the restricted reader refuses a file; warns"},
+       "restores what load_trusted_mapping read; labelled legacy-unqualified"},
   };
 }
 

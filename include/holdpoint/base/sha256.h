@@ -25,6 +25,9 @@ struct Sha256Digest {
   std::string hex() const;
   // Accepts exactly 64 hex digits (either case); nullopt otherwise.
   static std::optional<Sha256Digest> from_hex(std::string_view hex);
+  // Like from_hex, for digests a user typed or a file carried: throws
+  // holdpoint::Error(sha256_invalid) quoting `hex` when it is not 64 hex digits.
+  static Sha256Digest parse(std::string_view hex);
   bool operator==(const Sha256Digest&) const = default;
 };
 

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "holdpoint/base/byte_sink.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/state/component.h"
 #include "holdpoint/schema/config_identity.h"
@@ -77,24 +78,13 @@ struct CheckpointSaveOptions {
 
 struct CheckpointLoadOptions {
   Limits limits;
-  std::optional<std::string> expected_sha256;
+  // Checked before any byte is parsed (see LoadOptions::expected_sha256).
+  std::optional<Sha256Digest> expected_sha256;
 };
 
-// How load_parsed_checkpoint treats a mapping another layer assembled (the
-// sharded loader of holdpoint/dist/distributed.h).
-struct ParsedLoadOptions {
-  // Compare each component with the digest and contract its manifest
-  // records. Off only when the caller verified the bytes another way (each
-  // shard against its own manifest and the step manifest's digests).
-  bool check_component_records = true;
-  // Called after every check passed and before the first component is
-  // applied; a throw rejects the load with nothing changed (the ranks'
-  // collective agreement).
-  std::function<void()> before_apply;
-  // Accept a checkpoint of another profile when the live profile is
-  // unqualified (a world-size change); the profile is then not load-bearing.
-  bool allow_unqualified_profile_change = false;
-};
+// Options of the loads that CheckpointManager and DistributedCheckpointer run
+// on mappings they read themselves (src/torch/checkpoint/training_state_access.h).
+struct ParsedLoadOptions;
 
 enum class ResumeQualification : std::uint8_t {
   qualified,           // a holdpoint checkpoint under its named profile
@@ -112,14 +102,6 @@ struct LoadReport {
   std::vector<std::string> warnings;
 };
 
-// Checks bytes read back from a just-written checkpoint: they parse with the
-// restricted reader and carry a manifest that reads (the schema check of
-// publication's verify-before-rename step). Throws holdpoint::Error.
-void verify_checkpoint_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner);
-
-namespace io {
-class ByteSink;
-}
 
 // A checkpoint captured at a step boundary and written later, possibly on
 // another thread (asynchronous saves). Without a stager its tensors view the
@@ -184,10 +166,6 @@ class TrainingState {
   // given, replaces the captured tensors with copies before returning.
   PreparedCheckpoint prepare_save(const CheckpointSaveOptions& options = {}, const StateStager& stage = {}) const;
   LoadReport load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
-  // load_checkpoint on a mapping already read and parsed by the restricted
-  // reader (RunDirectory::load); `path` labels the report and errors.
-  LoadReport load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
-                                    const ParsedLoadOptions& options = {});
   LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   LoadReport load_trusted_checkpoint(const std::filesystem::path& path);
 
@@ -196,6 +174,11 @@ class TrainingState {
   void set_after_apply_hook(std::function<void(const std::string& component)> hook);
 
  private:
+  friend struct TrainingStateAccess;  // src/torch/checkpoint/training_state_access.h
+  // load_checkpoint on a mapping already read and parsed by the restricted
+  // reader; `path` labels the report and errors.
+  LoadReport load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
+                                    const ParsedLoadOptions& options);
   std::vector<Component*> apply_order() const;
   void warn(const std::string& message) const;
   LoadReport apply_transactionally(const Value& root, LoadReport report);

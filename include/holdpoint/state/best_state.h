@@ -13,7 +13,7 @@
 //   record_selection   the selection record, computed from a private copy:
 //                      label, step, metric, source, runtime, a witness per
 //                      tensor and the output on a probe input;
-//   publish_selection  the gate: the envelope (manifest of kind "selection",
+//   publish_selection  (holdpoint/checkpoint/best_state_gate.h) the gate: the envelope (manifest of kind "selection",
 //                      model state, record) is staged, reloaded into a fresh
 //                      module whose tensors were poisoned first, matched key
 //                      for key, compared with the record, run on the probe,
@@ -58,10 +58,6 @@ class Module;
 }
 
 namespace holdpoint {
-
-namespace io {
-class FileSystem;
-}
 
 // A state_dict in LibTorch terms: names to tensors, parameters then buffers.
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -213,107 +209,10 @@ StateComparison compare_with_record(const SelectionRecord& record, const NamedTe
 // compare_with_record, throwing the first mismatch with its code.
 void check_matches_record(const SelectionRecord& record, const NamedTensors& tensors);
 
-// ---- envelopes -------------------------------------------------------------------
-
-// A candidate for publication and how it was captured ("snapshot",
-// "live_handles", ...). A candidate read back from an envelope carries the
-// record the envelope claims, which must equal the trusted one.
-struct SelectionCandidate {
-  std::string route;
-  NamedTensors tensors;
-  std::optional<SelectionRecord> claimed_record;
-};
-
-// The envelope file: a holdpoint checkpoint (.pt zip) whose manifest has kind
-// "selection" and two components, "model" (the state_dict) and "selection"
-// ({record, artifact_route}), each with its digest in the manifest. Python
-// torch.load(f, weights_only=True) reads it, torch 1.13 included.
-struct SelectionEnvelope {
-  SelectionRecord record;
-  std::string route;
-  NamedTensors state;  // views of the envelope's bytes, which they keep alive
-
-  SelectionCandidate candidate() const { return {route, state, record}; }
-};
-
-// Serialises at once (the "serialize before the next update" route).
-std::vector<std::byte> encode_selection_envelope(const SelectionRecord& record, const SelectionCandidate& candidate);
-// Parses with the restricted reader and checks kind, components and digests
-// (checkpoint_kind_mismatch, component_missing, component_unknown,
-// component_digest_mismatch, selection_envelope_invalid, selection_record_invalid).
-SelectionEnvelope decode_selection_envelope(std::vector<std::byte> bytes);
-SelectionEnvelope read_selection_envelope(const std::filesystem::path& path);
-
-// ---- the publication gate --------------------------------------------------------
-
-enum class SelectionDecision : std::uint8_t {
-  accept,  // the candidate holds the selection and was published
-  repair,  // the candidate lost it; the faithful copy passed the whole gate and was published instead
-  rerun,   // the candidate (or faithful copy) holds the selection but a check or the publication did not
-           // complete; nothing was published; run the gate again once the named cause is fixed
-  hold,    // no candidate offered holds the selected contents; nothing was published
-};
-
-// "ACCEPT", "REPAIR", "RERUN", "HOLD".
-std::string_view selection_decision_name(SelectionDecision decision) noexcept;
-
-// One pass of a candidate through the gate.
-struct PublicationAttempt {
-  std::string route;
-  // The gate's private copy of the candidate against the record, in memory:
-  // does the candidate hold the selection at all?
-  StateComparison candidate;
-  bool staged = false;                  // the envelope was written to a staging file
-  bool poisoned = false;                // the fresh module's tensors were poisoned and differ from the record
-  bool reloaded = false;                // the staged state was loaded into it
-  StateComparison reloaded_state;       // the fresh module's tensors after the load
-  std::optional<TensorWitness> output;  // its forward(probe_input)
-  bool output_matches = false;
-  bool verified = false;   // every check on the staged bytes passed
-  bool published = false;  // renamed onto the target
-  // What stopped this attempt; a LibTorch error has no code, only detail.
-  std::optional<ErrorCode> failure;
-  std::string failure_detail;
-  std::optional<Sha256Digest> sha256;  // of the published file
-  std::uint64_t file_bytes = 0;
-};
-
-struct SelectionGateReport {
-  SelectionDecision decision = SelectionDecision::hold;
-  std::string reason;
-  std::filesystem::path target;
-  PublicationAttempt candidate;
-  std::optional<PublicationAttempt> faithful_copy;  // tried only when the candidate lost the selection
-};
-
-struct SelectionGateOptions {
-  io::FileSystem* file_system = nullptr;  // default: the POSIX file system
-  bool durable = true;
-  // How the fresh module receives the staged state. Default: strict
-  // state_dict load (ModuleState: every name, no other, matching dtype and
-  // shape, copied in place). The gate's checks do not trust it: a load that
-  // does nothing leaves the poison, which the comparison catches.
-  std::function<void(torch::nn::Module& fresh, const NamedTensors& state)> load;
-  // Called after every check on the staged bytes passed, just before the
-  // rename; a throw there aborts the publication (tests inject failures here).
-  std::function<void()> before_publish;
-};
-
-// The gate. Publishes `candidate` at `target` (replacing the previously
-// accepted file) only if it holds the recorded selection and its staged
-// envelope verifies; otherwise, when the candidate lost the selection and a
-// faithful copy is given, runs the copy through the same gate (REPAIR).
-// Decision table in docs/best-state.md.
-SelectionGateReport publish_selection(const std::filesystem::path& target, const SelectionRecord& record,
-                                      const ModuleRecipe& recipe, const SelectionCandidate& candidate,
-                                      const SelectionCandidate* faithful_copy = nullptr,
-                                      const SelectionGateOptions& options = {});
-
 // ---- evidence ------------------------------------------------------------------
 
 // JSON text (objects with stable field names) for logs and evidence files.
 std::string to_json(const SelectionRecord& record);
 std::string to_json(const CandidateDiagnostics& diagnostics);
-std::string to_json(const SelectionGateReport& report);
 
 }  // namespace holdpoint

@@ -67,18 +67,15 @@ struct TrainerOptions {
   SchedulerCadence scheduler_cadence = SchedulerCadence::per_step;
   std::int64_t max_epochs = 1;                 // operational: may grow on resume
   std::optional<std::int64_t> max_steps;       // operational
-  // Checkpoint cadence (operational); checkpoints go to `checkpoint_path`.
-  std::optional<std::int64_t> save_every_steps;
-  std::optional<std::int64_t> save_every_epochs;
-  std::filesystem::path checkpoint_path;
-  CheckpointSaveOptions save_options;
-  // A run directory (RunDirectory layout): when set, saves at the cadence go
-  // there as generations instead of to `checkpoint_path`, fit() resumes from
-  // its LATEST first, and the final state is saved when the run finishes.
-  // `run_options` sets retention, the best metric, asynchronous saves and a
-  // time cadence; the step and epoch cadences above are copied into it.
+  // Checkpoints (operational). `checkpointing.cadence` says when step() saves.
+  // With `run_directory` set (RunDirectory layout) saves are generations there,
+  // resume() and fit() continue from its LATEST, the final state is saved when
+  // the run finishes, and `checkpointing` also sets retention, the best
+  // metric and asynchronous saves. Without it, saves at the step and epoch
+  // cadences replace the single file `checkpoint_path` (with its sidecar).
   std::filesystem::path run_directory;
-  CheckpointManagerOptions run_options;
+  std::filesystem::path checkpoint_path;
+  CheckpointManagerOptions checkpointing;
   // fit() installs a PreemptionGuard: SIGTERM/SIGINT/SIGUSR1 save at the next
   // step boundary and fit() returns FitOutcome::preempted (exit with
   // kExitPreempted); a second signal exits with kExitAborted at once.
@@ -126,22 +123,21 @@ class Trainer {
 
   StepRecord step();
   // Runs until finished() or preemption, calling `on_step` after every
-  // update. With a run directory it first resumes from LATEST (open_run()).
+  // update. With a run directory it first resumes from LATEST (resume()).
   FitOutcome fit(const std::function<void(const StepRecord&)>& on_step = {});
   // Opens the run directory (recovering it) and resumes from its LATEST, if
-  // it has one; fit() calls it. Returns the load report of the resume.
-  std::optional<LoadReport> open_run();
-  // The run directory's manager (nullptr before open_run()).
+  // it has one; fit() calls it. Returns the load report, or nothing for a run
+  // without a generation. (To load a given file instead: state().load_checkpoint.)
+  std::optional<LoadReport> resume();
+  // The run directory's manager (nullptr before resume()).
   CheckpointManager* checkpoints() noexcept;
   bool finished() const;
 
-  SaveResult save(const std::filesystem::path& path);
-  LoadReport resume(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
-  LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
-  LoadReport load_trusted_checkpoint(const std::filesystem::path& path);
 
   const Progress& progress() const noexcept;
   const MetricsHistory& history() const noexcept;
+  // Every component the trainer registered: save, load_checkpoint,
+  // load_model_state and load_trusted_checkpoint are TrainingState's.
   TrainingState& state();
   // The configuration identity as it is now (automatic fields + the caller's).
   TrainingConfig config() const;

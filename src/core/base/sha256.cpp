@@ -38,6 +38,11 @@ std::optional<Sha256Digest> Sha256Digest::from_hex(std::string_view hex) {
   return digest;
 }
 
+Sha256Digest Sha256Digest::parse(std::string_view hex) {
+  if (auto digest = from_hex(hex)) return *digest;
+  detail::fail(ErrorCode::sha256_invalid, "SHA-256 '", hex, "' is not 64 hexadecimal digits");
+}
+
 struct Sha256::State {
   EVP_MD_CTX* context = nullptr;
   ~State() { EVP_MD_CTX_free(context); }

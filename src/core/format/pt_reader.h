@@ -14,7 +14,7 @@
 #include <memory>
 #include <span>
 
-#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/loaded_mapping.h"
 #include "holdpoint/format/limits.h"
 
 namespace holdpoint::format {

@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "holdpoint/state/best_state.h"
+#include "holdpoint/checkpoint/best_state_gate.h"
 #include "holdpoint/base/byte_sink.h"
 
 namespace holdpoint::selection {

@@ -13,7 +13,7 @@
 
 #include "base/fail.h"
 #include "base/utc_time.h"
-#include "holdpoint/state/best_state.h"
+#include "holdpoint/checkpoint/best_state_gate.h"
 #include "holdpoint/state/module_state.h"
 #include "holdpoint/tensor/torch_tensor.h"
 #include "holdpoint_version.h"

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "checkpoint/training_state_access.h"
 #include "base/fail.h"
 #include "holdpoint/base/byte_sink.h"
 #include "run/staging_arena.h"
@@ -103,7 +104,7 @@ std::optional<LoadReport> CheckpointManager::resume() {
     return std::nullopt;
   }
   const LoadedMapping mapping = impl_->run.load(*latest);
-  LoadReport report = impl_->state.load_parsed_checkpoint(mapping, impl_->run.file_path(*latest));
+  LoadReport report = TrainingStateAccess::load_parsed(impl_->state, mapping, impl_->run.file_path(*latest));
   impl_->log(concat("resumed ", impl_->run.path().string(), " from ", latest->name, " (step ", latest->step, ")"));
   return report;
 }

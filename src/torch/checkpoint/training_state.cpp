@@ -8,6 +8,7 @@
 
 #include "format/publish_file.h"
 #include "checkpoint/legacy_layouts.h"
+#include "checkpoint/training_state_access.h"
 #include "base/fail.h"
 #include "format/pt_writer.h"
 #include "holdpoint/run/run_directory.h"
@@ -191,10 +192,6 @@ Manifest TrainingState::manifest_preview() const {
 
 // ---- save ----------------------------------------------------------------------------------
 
-void verify_checkpoint_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
-  verify_generation_bytes(bytes, owner);
-}
-
 PreparedCheckpoint TrainingState::prepare_save(const CheckpointSaveOptions& options, const StateStager& stage) const {
   // A profile is a claim; it is checked before it is written down.
   check_profile(profile_, profile_facts());
@@ -283,13 +280,15 @@ SaveResult TrainingState::save(const std::filesystem::path& path, const Checkpoi
         result.tensor_count = counts.tensor_count;
         result.storage_count = counts.storage_count;
       },
-      verify_checkpoint_bytes);
+      [](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+        verify_generation_bytes(bytes, owner);
+      });
 }
 
 // ---- load_checkpoint -------------------------------------------------------------------
 
 LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
-  return load_parsed_checkpoint(read_untrusted(path, options), path);
+  return load_parsed_checkpoint(read_untrusted(path, options), path, {});
 }
 
 LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
@@ -477,10 +476,7 @@ LoadReport TrainingState::load_model_state(const std::filesystem::path& path, co
 // ---- trusted -------------------------------------------------------------------------------
 
 LoadReport TrainingState::load_trusted_checkpoint(const std::filesystem::path& path) {
-  enable_trusted_loading();
-  LoadOptions options;
-  options.trusted = true;
-  const LoadedMapping mapping = load_checkpoint_mapping(path, options);
+  const LoadedMapping mapping = load_trusted_mapping(path);
   LoadReport report;
   report.path = path;
   report.sha256 = mapping.sha256;

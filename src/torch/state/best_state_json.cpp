@@ -1,15 +1,14 @@
 // Evidence of best-state capture as JSON (field names in docs/best-state.md).
 #include <cmath>
-#include <nlohmann/json.hpp>
 
-#include "holdpoint/state/best_state.h"
+#include "state/best_state_json.h"
 #include "holdpoint/tensor/torch_tensor.h"
 
 namespace holdpoint {
 
-namespace {
-
 using Json = nlohmann::ordered_json;
+
+namespace best_state_json {
 
 Json code_json(const std::optional<ErrorCode>& code) {
   return code ? Json(std::string(error_code_name(*code))) : Json(nullptr);
@@ -58,26 +57,9 @@ Json comparison_json(const StateComparison& comparison) {
   return out;
 }
 
-Json attempt_json(const PublicationAttempt& attempt) {
-  Json out;
-  out["route"] = attempt.route;
-  out["candidate"] = comparison_json(attempt.candidate);
-  out["staged"] = attempt.staged;
-  out["poisoned"] = attempt.poisoned;
-  out["reloaded"] = attempt.reloaded;
-  out["reloaded_state"] = attempt.reloaded ? comparison_json(attempt.reloaded_state) : Json(nullptr);
-  out["output"] = attempt.output ? witness_json(*attempt.output) : Json(nullptr);
-  out["output_matches"] = attempt.output_matches;
-  out["verified"] = attempt.verified;
-  out["published"] = attempt.published;
-  out["failure"] = code_json(attempt.failure);
-  out["failure_detail"] = attempt.failure_detail;
-  out["sha256"] = attempt.sha256 ? Json(attempt.sha256->hex()) : Json(nullptr);
-  out["file_bytes"] = attempt.file_bytes;
-  return out;
-}
+}  // namespace best_state_json
 
-}  // namespace
+using namespace best_state_json;
 
 std::string to_json(const SelectionRecord& record) {
   Json tensors = Json::array();
@@ -120,16 +102,6 @@ std::string to_json(const CandidateDiagnostics& diagnostics) {
   out["missing"] = diagnostics.missing;
   out["unexpected"] = diagnostics.unexpected;
   out["tensors"] = std::move(tensors);
-  return out.dump(2, ' ', false, Json::error_handler_t::replace);
-}
-
-std::string to_json(const SelectionGateReport& report) {
-  Json out;
-  out["decision"] = std::string(selection_decision_name(report.decision));
-  out["reason"] = report.reason;
-  out["target"] = report.target.string();
-  out["candidate"] = attempt_json(report.candidate);
-  out["faithful_copy"] = report.faithful_copy ? attempt_json(*report.faithful_copy) : Json(nullptr);
   return out.dump(2, ' ', false, Json::error_handler_t::replace);
 }
 

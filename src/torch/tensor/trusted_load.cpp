@@ -51,18 +51,9 @@ Value value_from_ivalue(const c10::IValue& value, int depth) {
   detail::fail(ErrorCode::trusted_load_failed, "a value of type ", value.tagKind(), " has no holdpoint form");
 }
 
-LoadedMapping load_trusted(const std::filesystem::path& path, const LoadOptions&, const Error& restricted_failure) {
-  LoadedMapping mapping = load_with_libtorch(path);
-  mapping.warnings.push_back(detail::concat(
-      path.string(), ": the restricted reader refused this file (", error_code_name(restricted_failure.code()),
-      "); it was read with LibTorch's deserializer because the caller marked it trusted"));
-  return mapping;
-}
-
-}  // namespace
-
-void enable_trusted_loading() noexcept { detail::set_trusted_loader(&load_trusted); }
-
+// A TorchScript archive becomes an OrderedDict of its parameters and buffers by
+// dotted name; another zip pickle is read with torch::pickle_load and converted.
+// Throws Error(trusted_load_failed) with LibTorch's message when it cannot.
 LoadedMapping load_with_libtorch(const std::filesystem::path& path) {
   LoadedMapping mapping;
   mapping.via_libtorch = true;
@@ -89,6 +80,34 @@ LoadedMapping load_with_libtorch(const std::filesystem::path& path) {
                 detail::concat("LibTorch cannot read the file either: as TorchScript: ", torchscript_error,
                                "; as a pickle: ", error.what_without_backtrace()))
         .with_path(path.string());
+  }
+}
+
+}  // namespace
+
+LoadedMapping load_trusted_mapping(const std::filesystem::path& path, const LoadOptions& options) {
+  try {
+    return load_checkpoint_mapping(path, options);
+  } catch (const Error& error) {
+    // Only what the file is, never how it was read, is a reason to try LibTorch:
+    // I/O errors and digest mismatches stand.
+    switch (error.code()) {
+      case ErrorCode::io_open_failed:
+      case ErrorCode::io_read_failed:
+      case ErrorCode::io_not_regular_file:
+      case ErrorCode::file_too_large:
+      case ErrorCode::file_changed_during_read:
+      case ErrorCode::sha256_mismatch:
+      case ErrorCode::sha256_invalid:
+      case ErrorCode::file_empty:
+        throw;
+      default: break;
+    }
+    LoadedMapping mapping = load_with_libtorch(path);
+    mapping.warnings.push_back(detail::concat(
+        path.string(), ": the restricted reader refused this file (", error_code_name(error.code()),
+        "); it was read with LibTorch's deserializer because the caller marked it trusted"));
+    return mapping;
   }
 }
 

@@ -127,10 +127,10 @@ TrainingConfig Trainer::Impl::config() const {
   }
   config.max_epochs(options.max_epochs);
   config.operational("max_steps", options.max_steps ? Value::integer(*options.max_steps) : Value::none());
-  config.operational("save_every_steps",
-                     options.save_every_steps ? Value::integer(*options.save_every_steps) : Value::none());
+  const SaveCadence& cadence = options.checkpointing.cadence;
+  config.operational("save_every_steps", cadence.every_steps > 0 ? Value::integer(cadence.every_steps) : Value::none());
   config.operational("save_every_epochs",
-                     options.save_every_epochs ? Value::integer(*options.save_every_epochs) : Value::none());
+                     cadence.every_epochs > 0 ? Value::integer(cadence.every_epochs) : Value::none());
   return config;
 }
 
@@ -294,19 +294,23 @@ StepRecord Trainer::step() {
   const bool epoch_done = t.sampler.remaining() == 0;
   if (t.checkpoints) {
     t.checkpoints->maybe_save(t.generation(record), epoch_done, record.epoch + 1);
-  } else if ((t.options.save_every_steps && record.step % *t.options.save_every_steps == 0) ||
-      (t.options.save_every_epochs && epoch_done && (record.epoch + 1) % *t.options.save_every_epochs == 0)) {
+  } else if (const SaveCadence& cadence = t.options.checkpointing.cadence;
+             (cadence.every_steps > 0 && record.step % cadence.every_steps == 0) ||
+             (cadence.every_epochs > 0 && epoch_done && (record.epoch + 1) % cadence.every_epochs == 0)) {
     if (t.options.checkpoint_path.empty()) {
       fail(ErrorCode::invalid_argument, "Trainer: a save cadence is set but checkpoint_path is empty");
     }
-    save(t.options.checkpoint_path);
+    CheckpointSaveOptions save_options;
+    save_options.durable = t.options.checkpointing.run.durable;
+    save_options.torch_1_13_compatible = t.options.checkpointing.torch_1_13_compatible;
+    t.state.save(t.options.checkpoint_path, save_options);
   }
   return record;
 }
 
 FitOutcome Trainer::fit(const std::function<void(const StepRecord&)>& on_step) {
   Impl& t = *impl_;
-  if (!t.options.run_directory.empty() && !t.run_opened) open_run();
+  if (!t.options.run_directory.empty() && !t.run_opened) resume();
   std::optional<PreemptionGuard> guard;
   if (t.options.handle_preemption_signals) guard.emplace();
   const auto save_now = [&] {
@@ -331,32 +335,15 @@ FitOutcome Trainer::fit(const std::function<void(const StepRecord&)>& on_step) {
   return FitOutcome::finished;
 }
 
-std::optional<LoadReport> Trainer::open_run() {
+std::optional<LoadReport> Trainer::resume() {
   Impl& t = *impl_;
-  if (t.options.run_directory.empty()) fail(ErrorCode::invalid_argument, "Trainer::open_run: run_directory is not set");
-  if (t.run_opened) fail(ErrorCode::save_invalid_request, "Trainer::open_run: the run directory is open already");
-  CheckpointManagerOptions options = t.options.run_options;
-  if (t.options.save_every_steps) options.cadence.every_steps = *t.options.save_every_steps;
-  if (t.options.save_every_epochs) options.cadence.every_epochs = *t.options.save_every_epochs;
-  t.checkpoints = std::make_unique<CheckpointManager>(t.options.run_directory, state(), std::move(options));
+  if (t.options.run_directory.empty()) fail(ErrorCode::invalid_argument, "Trainer::resume: run_directory is not set");
+  if (t.run_opened) fail(ErrorCode::save_invalid_request, "Trainer::resume: the run directory is open already");
+  t.checkpoints = std::make_unique<CheckpointManager>(t.options.run_directory, state(), t.options.checkpointing);
   t.run_opened = true;
   return t.checkpoints->resume();
 }
 
 CheckpointManager* Trainer::checkpoints() noexcept { return impl_->checkpoints.get(); }
-
-SaveResult Trainer::save(const std::filesystem::path& path) { return state().save(path, impl_->options.save_options); }
-
-LoadReport Trainer::resume(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
-  return state().load_checkpoint(path, options);
-}
-
-LoadReport Trainer::load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
-  return state().load_model_state(path, options);
-}
-
-LoadReport Trainer::load_trusted_checkpoint(const std::filesystem::path& path) {
-  return state().load_trusted_checkpoint(path);
-}
 
 }  // namespace holdpoint

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "format/pickle/pickle_reader.h"
-#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/loaded_mapping.h"
 #include "holdpoint/format/limits.h"
 #include "holdpoint/format/value.h"
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/loaded_mapping.h"
 #include "holdpoint/format/limits.h"
 #include "holdpoint/format/value.h"
 #include "holdpoint/base/byte_sink.h"

@@ -1,0 +1,67 @@
+// The result of reading a checkpoint file: its Value tree and what the file
+// says about itself (format, writer markers, records, whole-file SHA-256).
+//
+// Every reader of the format layer (zip .pt, legacy stream, safetensors)
+// fills one; load_checkpoint_mapping (holdpoint/format/checkpoint_mapping.h)
+// returns it.
+//
+// Thread-safety: a plain value; tensors in `root` share the file's snapshot.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/format/value.h"
+
+namespace holdpoint {
+
+enum class FileFormat : std::uint8_t {
+  pytorch_zip,     // torch.save since 1.6 (and the opt-in zip of 1.4/1.5)
+  pytorch_legacy,  // torch.save before 1.6, or _use_new_zipfile_serialization=False
+  safetensors,
+};
+
+std::string_view file_format_name(FileFormat format) noexcept;
+
+// One zip record (or one storage of a legacy stream), for inspection.
+struct RecordInfo {
+  std::string name;  // without the archive folder: "data.pkl", "data/0"
+  std::uint64_t offset = 0;  // of the payload in the file
+  std::uint64_t size = 0;
+  std::uint32_t crc32 = 0;  // 0 for legacy storages and safetensors tensors
+};
+
+// What the file says about the writer that produced it.
+struct FormatMarkers {
+  std::string archive_name;               // zip folder name
+  std::optional<std::uint64_t> version;   // `version` / `.data/version`
+  std::optional<std::string> byteorder;   // `byteorder` record (torch >= 2.1)
+  std::optional<std::uint64_t> format_version;     // `.format_version` (torch >= 2.7)
+  std::optional<std::uint64_t> storage_alignment;  // `.storage_alignment` (torch >= 2.7)
+  std::optional<std::string> serialization_id;     // `.data/serialization_id` (torch >= 2.1)
+  int pickle_protocol = 0;                 // of data.pkl (0 when none, e.g. safetensors)
+  std::optional<std::uint64_t> legacy_protocol_version;  // 1001 for legacy streams
+  bool uses_binfloat = false;              // torch 1.13 weights_only cannot read BINFLOAT
+  std::map<std::string, std::string> safetensors_metadata;
+  // A human-readable guess at the producing torch version range.
+  std::string producer;
+};
+
+struct LoadedMapping {
+  Value root;
+  // Set when LibTorch's deserializer produced the mapping (trusted loads).
+  bool via_libtorch = false;
+  std::vector<std::string> warnings;
+  FileFormat format = FileFormat::pytorch_zip;
+  Sha256Digest sha256;
+  std::uint64_t file_bytes = 0;
+  FormatMarkers markers;
+  std::vector<RecordInfo> records;
+};
+
+}  // namespace holdpoint
