@@ -106,10 +106,6 @@ struct ShardedCheckpoint {
   std::uint64_t total_bytes() const;  // step manifest and every shard
 };
 
-// A step manifest's root holds its manifest and nothing else:
-// component_unknown naming `label` otherwise.
-void require_manifest_only(const Value& root, const std::string& label);
-
 // True when a parsed file is a step manifest (root {"holdpoint": kind sharded}).
 bool is_sharded_manifest(const LoadedMapping& mapping);
 

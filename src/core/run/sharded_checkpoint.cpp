@@ -6,8 +6,9 @@
 #include <numeric>
 
 #include "base/fail.h"
-#include "holdpoint/run/run_directory.h"
 #include "holdpoint/base/file_system.h"
+#include "run/run_names.h"
+#include "run/step_manifest.h"
 
 namespace holdpoint {
 
@@ -16,17 +17,10 @@ using detail::fail;
 
 // ---- names -------------------------------------------------------------------------------
 
-std::string shard_directory_name(std::int64_t step) {
-  std::string name = generation_name(step);
-  return name.substr(0, name.size() - 3) + ".shards";
-}
+std::string shard_directory_name(std::int64_t step) { return run::step_name(step, run::kShardDirectorySuffix); }
 
 std::optional<std::int64_t> parse_shard_directory_name(std::string_view name) noexcept {
-  constexpr std::string_view suffix = ".shards";
-  if (!name.ends_with(suffix)) return std::nullopt;
-  std::string as_generation(name.substr(0, name.size() - suffix.size()));
-  as_generation += ".pt";
-  return parse_generation_name(as_generation);
+  return run::parse_step_name(name, run::kShardDirectorySuffix);
 }
 
 std::string shard_file_name(std::int64_t rank) {

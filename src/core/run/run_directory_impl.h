@@ -1,0 +1,129 @@
+// RunDirectory's state, shared by the units that implement it
+// (holdpoint/run/run_directory.h):
+//
+//   run_directory.cpp  the object: open's lock, reading, verifying, loading
+//   run_recovery.cpp   open's recovery: scan, adopt, quarantine, LATEST, BEST
+//   run_commit.cpp     commit, shard directories, retention
+//   run_files.cpp      the texts of LATEST, BEST, sidecars and index.json
+//   run_names.cpp      the names of generations and the files beside them
+//
+// Thread-safety: as RunDirectory's, one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "base/publish.h"
+#include "holdpoint/base/file_system.h"
+#include "holdpoint/run/run_directory.h"
+
+namespace holdpoint {
+
+namespace run {
+
+// Failures that say nothing about a file's content: it could not be read
+// here (I/O), it is beyond this build's limits, or a newer holdpoint wrote it.
+// Recovery stops on these instead of falling back past a good generation.
+bool unreadable_here(ErrorCode code);
+
+inline bool better(double candidate, double incumbent, const BestMetric& metric) {
+  return metric.higher_is_better ? candidate > incumbent : candidate < incumbent;
+}
+
+}  // namespace run
+
+struct RunDirectory::Impl {
+  using ByStep = std::map<std::int64_t, GenerationInfo>;
+  using ByName = std::map<std::string, GenerationInfo>;
+
+  std::filesystem::path path;
+  RunDirectoryOptions options;
+  io::FileSystem* fs = nullptr;
+  std::unique_ptr<io::Directory> root;
+  std::unique_ptr<io::Directory> checkpoints;  // null while the run has none
+  ByStep committed;
+  std::optional<std::int64_t> latest;
+  std::optional<std::int64_t> best;
+  RecoveryReport report;
+  bool failed = false;
+  int lock_fd = -1;
+  std::optional<std::pair<std::string, Sha256Digest>> latest_pointer;  // as read on open
+  std::optional<Error> latest_pointer_error;
+  std::set<std::string> pending_adoption;  // generation files not yet read (newer than LATEST's)
+  std::map<std::int64_t, std::string> shard_directories;  // found on open
+
+  ~Impl();
+
+  // ---- run_directory.cpp ----
+  // invalid_argument when opened with recover = false.
+  void require_writable() const;
+  void log(const std::string& line) const;
+  [[noreturn]] void rethrow_with_run(const Error& error) const;
+  io::Directory& checkpoints_dir();
+  std::optional<std::string> read_small(io::Directory& dir, const std::string& name) const;
+  io::PublishOptions publish_options(bool replace) const;
+  void write_index();
+  void write_pointer(std::string_view which, const GenerationInfo& g);
+  void verify_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) const;
+  // verify_bytes, and for a step manifest every shard it names.
+  // Returns the ranks of a sharded generation (0 for a single file).
+  std::int64_t verify_content(const GenerationInfo& g, std::span<std::byte> bytes,
+                              const std::shared_ptr<const void>& owner) const;
+  // Full verification of a recorded generation: sidecar, size, SHA-256,
+  // bounded parse, manifest. Failures of the content come back as a failed
+  // check; failures to read it at all (I/O, limits, a newer schema) are
+  // thrown when `unreadable_throws`, so recovery never falls back over them.
+  GenerationCheck check(const GenerationInfo& g, bool unreadable_throws) const;
+  // Removes checkpoints/<name>/ and the files in it (shard directories hold
+  // only shard and staging files).
+  void remove_tree(const std::string& name);
+  // Subdirectories are descended (a stray one must not block recovery);
+  // symlinks are unlinked, never followed.
+  static void remove_tree(io::Directory& parent, const std::string& name);
+  void lock();
+
+  // ---- run_recovery.cpp: open() in the order it runs ----
+  void open();
+  void remove_stale_staging_files();
+  void scan_checkpoints(ByStep& present);
+  ByName read_index(const ByStep& present);
+  void read_latest_pointer();
+  void reconcile_with_index(ByStep& present, const ByName& indexed);
+  void recover_pointers(ByStep& present);
+  void judge_latest_pointer(const ByStep& present);
+  void verify_latest(ByStep& present);
+  void remove_uncommitted(ByStep& present);
+  void fall_back_to_newest_verified(ByStep& present);
+  void adopt_pending(ByStep& present);
+  void remove_uncommitted_shard_directories();
+  void decide_index_rewrite();
+  void recover_best();
+  void rank_best_by_metric();
+  void write_recovered_pointers();
+  // A generation file the index does not list: read whole, digest computed,
+  // verified; its sidecar, if any, must agree.
+  GenerationCheck adopt(GenerationInfo& g) const;
+  // Records the failed check and moves the generation aside.
+  void quarantine_failed(ByStep& present, ByStep::iterator it, GenerationCheck check);
+  // Moves a damaged generation (and its sidecar) aside under a name that is
+  // not a generation's, so nothing here deletes or re-adopts it.
+  void quarantine(const std::string& name);
+
+  // ---- run_commit.cpp ----
+  // Moves BEST to `g` when its metric improved; true when it did.
+  bool offer_best(const GenerationInfo& g);
+  // Removes a published generation (and its sidecar) whose commit failed
+  // before LATEST moved, so it is never mistaken for a committed one.
+  void roll_back(const GenerationInfo& g);
+};
+
+}  // namespace holdpoint

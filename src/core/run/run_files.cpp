@@ -1,0 +1,145 @@
+#include "run/run_files.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "base/fail.h"
+#include "run/run_names.h"
+
+namespace holdpoint {
+
+using detail::concat;
+using detail::fail;
+
+namespace {
+
+constexpr std::string_view kIndexSchema = "holdpoint.run-index";
+constexpr std::int64_t kIndexSchemaVersion = 1;
+
+nlohmann::json index_json(const std::map<std::int64_t, GenerationInfo>& generations) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [step, g] : generations) {
+    nlohmann::json metrics = nlohmann::json::object();
+    for (const auto& [name, value] : g.metrics) {
+      if (std::isfinite(value)) metrics[name] = value;
+    }
+    list.push_back({{"name", g.name},
+                    {"step", g.step},
+                    {"epoch", g.epoch},
+                    {"kind", g.kind},
+                    {"size", g.size},
+                    {"sha256", g.sha256.hex()},
+                    {"saved_at", g.saved_at},
+                    {"metrics", std::move(metrics)}});
+    if (g.world_size > 0) list.back()["world_size"] = g.world_size;
+  }
+  return {{"schema", kIndexSchema}, {"schema_version", kIndexSchemaVersion}, {"generations", std::move(list)}};
+}
+
+}  // namespace
+
+std::string run_pointer_text(const GenerationInfo& generation) {
+  return concat(generation.name, " ", generation.sha256.hex(), "\n");
+}
+
+std::string run_index_text(const std::vector<GenerationInfo>& generations) {
+  std::map<std::int64_t, GenerationInfo> by_step;
+  for (const auto& g : generations) by_step.emplace(g.step, g);
+  return run::index_text(by_step);
+}
+
+namespace run {
+
+// "<name> <64 hex>\n"
+std::pair<std::string, Sha256Digest> parse_pointer(const std::string& text, std::string_view which) {
+  const auto space = text.find(' ');
+  if (text.empty() || text.back() != '\n' || space == std::string::npos) {
+    fail(ErrorCode::run_pointer_invalid, which, " is not '<generation> <sha256>\\n'");
+  }
+  std::string name = text.substr(0, space);
+  const std::string hex = text.substr(space + 1, text.size() - space - 2);
+  if (!parse_generation_name(name)) fail(ErrorCode::run_pointer_invalid, which, " names '", name, "', not a generation");
+  const auto digest = Sha256Digest::from_hex(hex);
+  if (!digest || hex != digest->hex()) fail(ErrorCode::run_pointer_invalid, which, " has no lowercase SHA-256 digest");
+  return {std::move(name), *digest};
+}
+
+std::string sidecar_text(const GenerationInfo& generation) {
+  return concat(generation.sha256.hex(), "  ", generation.name, "\n");
+}
+
+// sha256sum's format: "<64 hex>  <name>\n".
+Sha256Digest parse_sidecar(const std::string& text, const std::string& generation) {
+  const std::string expected_tail = concat("  ", generation, "\n");
+  if (text.size() != 64 + expected_tail.size() || text.compare(64, std::string::npos, expected_tail) != 0) {
+    fail(ErrorCode::run_sidecar_invalid, sidecar_name(generation), " is not '<sha256>  ", generation, "\\n'");
+  }
+  const auto digest = Sha256Digest::from_hex(std::string_view(text).substr(0, 64));
+  if (!digest || text.substr(0, 64) != digest->hex()) {
+    fail(ErrorCode::run_sidecar_invalid, sidecar_name(generation), " has no lowercase SHA-256 digest");
+  }
+  return *digest;
+}
+
+std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step) {
+  return index_json(by_step).dump(1) + "\n";
+}
+
+std::map<std::string, GenerationInfo> parse_index(const std::string& text) {
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
+  if (json.is_discarded() || !json.is_object()) fail(ErrorCode::run_index_invalid, "index.json is not a JSON object");
+  // Not json.value("schema", ""): it throws nlohmann's type_error when schema is not a string.
+  if (!json.contains("schema") || !json["schema"].is_string() || json["schema"].get<std::string>() != kIndexSchema) {
+    fail(ErrorCode::run_index_invalid, "index.json: schema is not '", kIndexSchema, "'");
+  }
+  if (!json.contains("schema_version") || !json["schema_version"].is_number_integer() ||
+      json["schema_version"].get<std::int64_t>() != kIndexSchemaVersion) {
+    fail(ErrorCode::run_index_invalid, "index.json: schema_version is not ", kIndexSchemaVersion);
+  }
+  if (!json.contains("generations") || !json["generations"].is_array()) {
+    fail(ErrorCode::run_index_invalid, "index.json: 'generations' is not an array");
+  }
+  std::map<std::string, GenerationInfo> out;
+  std::size_t position = 0;
+  for (const auto& entry : json["generations"]) {
+    const auto where = concat("index.json: generations[", position++, "]");
+    if (!entry.is_object()) fail(ErrorCode::run_index_invalid, where, " is not an object");
+    const auto field = [&](const char* key, auto check, const char* type) -> const nlohmann::json& {
+      if (!entry.contains(key) || !check(entry[key])) fail(ErrorCode::run_index_invalid, where, ".", key, " is not ", type);
+      return entry[key];
+    };
+    const auto is_string = [](const nlohmann::json& j) { return j.is_string(); };
+    const auto is_int = [](const nlohmann::json& j) { return j.is_number_integer(); };
+    const auto is_uint = [](const nlohmann::json& j) { return j.is_number_unsigned(); };
+    GenerationInfo g;
+    g.name = field("name", is_string, "a string").get<std::string>();
+    g.step = field("step", is_int, "an integer").get<std::int64_t>();
+    g.epoch = field("epoch", is_int, "an integer").get<std::int64_t>();
+    g.kind = field("kind", is_string, "a string").get<std::string>();
+    g.size = field("size", is_uint, "an unsigned integer").get<std::uint64_t>();
+    g.saved_at = field("saved_at", is_string, "a string").get<std::string>();
+    const auto digest = Sha256Digest::from_hex(field("sha256", is_string, "a string").get<std::string>());
+    if (!digest) fail(ErrorCode::run_index_invalid, where, ".sha256 is not a SHA-256 digest");
+    g.sha256 = *digest;
+    const auto& metrics = field("metrics", [](const nlohmann::json& j) { return j.is_object(); }, "an object");
+    for (const auto& [name, value] : metrics.items()) {
+      if (!value.is_number()) fail(ErrorCode::run_index_invalid, where, ".metrics.", name, " is not a number");
+      g.metrics.emplace_back(name, value.get<double>());
+    }
+    if (entry.contains("world_size")) {
+      const auto& world = entry["world_size"];
+      if (!world.is_number_integer() || world.get<std::int64_t>() < 1) {
+        fail(ErrorCode::run_index_invalid, where, ".world_size is not a positive integer");
+      }
+      g.world_size = world.get<std::int64_t>();
+    }
+    if (parse_generation_name(g.name) != g.step) {
+      fail(ErrorCode::run_index_invalid, where, ": name '", g.name, "' does not match step ", g.step);
+    }
+    if (!out.emplace(g.name, g).second) fail(ErrorCode::run_index_invalid, where, ": '", g.name, "' is listed twice");
+  }
+  return out;
+}
+
+}  // namespace run
+}  // namespace holdpoint

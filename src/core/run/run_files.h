@@ -1,0 +1,44 @@
+// The run directory's own small files (holdpoint/run/run_directory.h), as
+// commit() writes them and open() parses them:
+//
+//   LATEST, BEST                     "<generation> <sha256>\n"
+//   checkpoints/<generation>.sha256  sha256sum's "<sha256>  <generation>\n"
+//   index.json                       schema holdpoint.run-index, version 1
+//
+// Each parser accepts exactly what the writer writes and rejects anything
+// else with its own code: run_pointer_invalid, run_sidecar_invalid,
+// run_index_invalid.
+//
+// Thread-safety: plain functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "holdpoint/base/sha256.h"
+#include "holdpoint/run/run_directory.h"
+
+namespace holdpoint {
+
+// Also for tools that assemble a run directory elsewhere, like export.
+std::string run_pointer_text(const GenerationInfo& generation);
+std::string run_index_text(const std::vector<GenerationInfo>& generations);
+
+namespace run {
+
+// `which` names the pointer in errors ("LATEST", "BEST").
+std::pair<std::string, Sha256Digest> parse_pointer(const std::string& text, std::string_view which);
+
+std::string sidecar_text(const GenerationInfo& generation);
+Sha256Digest parse_sidecar(const std::string& text, const std::string& generation);
+
+std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step);
+// By generation name.
+std::map<std::string, GenerationInfo> parse_index(const std::string& text);
+
+}  // namespace run
+}  // namespace holdpoint
