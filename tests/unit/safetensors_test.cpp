@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/json_string.h"
 #include "format/safetensors/safetensors.h"
 #include "format/safetensors/safetensors_json.h"
 #include "holdpoint/base/sha256.h"
@@ -1122,7 +1123,7 @@ TEST(SafetensorsJson, EscapingRoundTripsThroughTheParser) {
   for (int c = 1; c < 0x80; ++c) every_byte.push_back(static_cast<char>(c));
   every_byte += std::string("\0 \xC3\xA9 \xF0\x9F\x98\x80", 9);
   std::string json;
-  append_json_string(json, every_byte);
+  detail::append_json_string(json, every_byte);
   Collector collector;
   parse_json(json, 4, collector);
   ASSERT_EQ(collector.strings.size(), 1u);

@@ -7,9 +7,11 @@
 #include <map>
 
 #include "base/fail.h"
+#include "base/json_string.h"
 
 namespace holdpoint {
 
+using detail::append_json_string;
 using detail::fail;
 
 namespace {
@@ -50,31 +52,6 @@ std::string python_float_repr(double value) {
     out += exp_text;
   }
   return negative ? "-" + out : out;
-}
-
-// JSON string escaping as Python's json.dumps(ensure_ascii=False) does it.
-void append_json_string(std::string& out, const std::string& text) {
-  out.push_back('"');
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-          out += escaped;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out.push_back('"');
 }
 
 void append_canonical(std::string& out, const Value& value, const std::string& path) {

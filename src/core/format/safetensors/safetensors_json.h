@@ -1,5 +1,6 @@
-// A strict, non-recursive JSON parser for the safetensors header, and the
-// string escaping the writer needs.
+// A strict, non-recursive JSON parser for the safetensors header. (The
+// writer's string escaping is base/json_string.h, shared with the canonical
+// configuration JSON.)
 //
 // parse_json reads one JSON document and reports it to a JsonHandler as a
 // stream of events, so that the caller builds only what its schema needs: no
@@ -59,10 +60,6 @@ void parse_json(std::string_view text, std::uint32_t max_depth, JsonHandler& han
 
 // True if `text` is well-formed UTF-8 (the same rules parse_json applies).
 bool is_valid_utf8(std::string_view text) noexcept;
-
-// Appends `text` (which must be valid UTF-8) as a JSON string literal:
-// quotes, backslashes and control characters escaped, everything else raw.
-void append_json_string(std::string& out, std::string_view text);
 
 // A short, printable rendering of a possibly hostile string for error
 // messages: quoted, control characters and invalid UTF-8 as \xNN, cut after

@@ -12,12 +12,14 @@
 
 #include "base/checked_arithmetic.h"
 #include "base/fail.h"
+#include "base/json_string.h"
 #include "format/safetensors/safetensors.h"
 #include "format/safetensors/safetensors_json.h"
 
 namespace holdpoint::format {
 namespace {
 
+using detail::append_json_string;
 using detail::checked_add;
 using detail::checked_mul;
 using detail::fail;
