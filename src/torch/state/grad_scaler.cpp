@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 
 #include "state/state_fields.h"
@@ -17,18 +16,13 @@ namespace holdpoint {
 namespace {
 
 using state::FieldReader;
+using state::repr;
 using state::state_error;
 
 constexpr std::int64_t kMaxGrowthInterval = std::numeric_limits<std::int32_t>::max();  // the kernel's int
 
 const char* const kStateKeys[] = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"};
 constexpr const char* kSkippedStepsKey = "skipped_steps";
-
-std::string repr(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
 
 // A positive double that is still finite after rounding to float32.
 bool is_float32_scale(double value) {

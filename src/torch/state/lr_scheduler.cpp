@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <numbers>
 #include <optional>
@@ -26,16 +25,10 @@ namespace holdpoint {
 namespace {
 
 using state::FieldReader;
+using state::repr;
 using state::state_error;
 
 constexpr double kPi = std::numbers::pi;  // == Python's math.pi
-
-// Doubles in messages with all their digits, as Python's repr shows them.
-std::string repr(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
 
 std::string kind_of(const Value& value) { return std::string(value_kind_name(value.kind())); }
 

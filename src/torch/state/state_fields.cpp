@@ -1,6 +1,7 @@
 #include "state/state_fields.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace holdpoint::state {
@@ -53,6 +54,12 @@ std::int64_t integer_of(const Value& value, const std::string& path) {
     state_error(ErrorCode::state_value_invalid, path, " = ", d, " is not a whole number");
   }
   state_error(ErrorCode::state_type_invalid, path, " is a ", describe(value), ", not an int");
+}
+
+std::string repr(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
 }
 
 std::int64_t FieldReader::integer(std::string_view key) const { return integer_of(required(key), path_of(key)); }

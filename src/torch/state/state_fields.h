@@ -51,6 +51,10 @@ class FieldReader {
 double number_of(const Value& value, const std::string& path);
 std::int64_t integer_of(const Value& value, const std::string& path);
 
+// A double with 17 significant digits, enough to tell any two doubles apart,
+// for messages that must show the exact value a state or option holds.
+std::string repr(double value);
+
 template <typename... Parts>
 [[noreturn]] void state_error(ErrorCode code, Parts&&... parts) {
   detail::fail(code, std::forward<Parts>(parts)...);
