@@ -42,12 +42,6 @@ std::vector<std::int64_t> with_last_size(const std::vector<std::int64_t>& sizes,
   return out;
 }
 
-std::string sizes_text(const std::vector<std::int64_t>& sizes) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + std::to_string(sizes[i]);
-  return text + "]";
-}
-
 // Refusals name the input file, as the readers' errors do.
 [[noreturn]] void refuse(ErrorCode code, const std::string& input, std::string detail) {
   throw Error(code, std::move(detail)).with_path(input);
@@ -61,7 +55,7 @@ std::string sizes_text(const std::vector<std::int64_t>& sizes) {
 TensorData float4_for_pytorch(const std::string& input, const std::string& key, const TensorData& tensor) {
   if (tensor.sizes.empty() || tensor.sizes.back() % 2 != 0) {
     refuse(ErrorCode::convert_float4_shape_invalid, input,
-           "tensor " + key + " is F4 (float4_e2m1fn) of shape " + sizes_text(tensor.sizes) +
+           "tensor " + key + " is F4 (float4_e2m1fn) of shape " + shape_text(tensor.sizes) +
                "; torch.float4_e2m1fn_x2 holds two elements per byte along the last dimension, so it needs "
                "rank >= 1 and an even last dimension");
   }

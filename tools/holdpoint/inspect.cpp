@@ -2,7 +2,6 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -37,14 +36,6 @@ void count_tensors(const Value& value, Totals& totals) {
   } else if (value.is_dict()) {
     for (const auto& entry : value.as_dict()) count_tensors(entry.second, totals);
   }
-}
-
-std::string shape_text(const std::vector<std::int64_t>& sizes) {
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
-  out << ']';
-  return out.str();
 }
 
 std::string scalar_text(const Value& value) {

@@ -91,6 +91,10 @@ struct TensorData {
   void copy_contiguous_bytes(std::byte* out) const;
 };
 
+// Tensor sizes (or an element index) as messages and listings print them:
+// "[2, 3]", and "[]" for a 0-d tensor.
+std::string shape_text(std::span<const std::int64_t> sizes);
+
 enum class ValueKind : std::uint8_t {
   none,
   boolean,

@@ -196,12 +196,6 @@ std::vector<std::int64_t> unravel(std::int64_t flat, const std::vector<std::int6
   return index;
 }
 
-std::string format_shape(const std::vector<std::int64_t>& sizes) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + std::to_string(sizes[i]);
-  return text + "]";
-}
-
 class StateWalker {
  public:
   StateWalker(Comparison& comparison, const Tolerance& tolerance) : comparison_(comparison), tolerance_(tolerance) {}
@@ -284,7 +278,7 @@ class StateWalker {
       return;
     }
     if (expected.sizes != actual.sizes) {
-      structure(here, concat("shape ", format_shape(expected.sizes), " vs ", format_shape(actual.sizes)));
+      structure(here, concat("shape ", shape_text(expected.sizes), " vs ", shape_text(actual.sizes)));
       return;
     }
     const std::vector<std::byte> a = expected.contiguous_bytes();
@@ -342,7 +336,7 @@ std::string ComparisonLocation::to_string() const {
   std::string text;
   if (step) text = "step " + std::to_string(*step);
   if (!path.empty()) text += (text.empty() ? "" : " ") + path;
-  if (!index.empty()) text += format_shape(index);
+  if (!index.empty()) text += shape_text(index);
   return text;
 }
 

@@ -317,12 +317,6 @@ int severity(ErrorCode code) {
   }
 }
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 }  // namespace
 
 StateComparison compare_with_record(const SelectionRecord& record, const NamedTensors& tensors) {

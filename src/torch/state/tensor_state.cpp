@@ -2,22 +2,10 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include <sstream>
-
 #include "holdpoint/tensor/torch_tensor.h"
 #include "state/state_fields.h"
 
 namespace holdpoint::state {
-
-namespace {
-std::string shape_text(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
-  out << ']';
-  return out.str();
-}
-}  // namespace
 
 Value capture_tensor(const at::Tensor& tensor, CaptureMode mode) {
   const at::Tensor source = tensor.detach();

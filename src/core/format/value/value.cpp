@@ -1,7 +1,6 @@
 #include "holdpoint/format/value.h"
 
 #include <cstring>
-#include <sstream>
 
 #include "base/fail.h"
 #include "holdpoint/base/error.h"
@@ -106,6 +105,12 @@ std::vector<std::byte> TensorData::contiguous_bytes() const {
   std::vector<std::byte> out(logical_bytes());
   copy_contiguous_bytes(out.data());
   return out;
+}
+
+std::string shape_text(std::span<const std::int64_t> sizes) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + std::to_string(sizes[i]);
+  return text + "]";
 }
 
 // ---- ValueKind, DictKey --------------------------------------------------------------
@@ -364,14 +369,6 @@ const void* Value::node_identity() const noexcept {
 
 namespace {
 
-std::string sizes_text(const std::vector<std::int64_t>& sizes) {
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
-  out << ']';
-  return out.str();
-}
-
 // Empty result: equal. Otherwise a description of the first difference at `path`.
 std::string first_difference(const Value& a, const Value& b, const std::string& path) {
   const std::string where = path.empty() ? "<root>" : path;
@@ -428,7 +425,7 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
       if (x.dtype != y.dtype) {
         return where + ": dtype " + std::string(dtype_name(x.dtype)) + " vs " + std::string(dtype_name(y.dtype));
       }
-      if (x.sizes != y.sizes) return where + ": sizes " + sizes_text(x.sizes) + " vs " + sizes_text(y.sizes);
+      if (x.sizes != y.sizes) return where + ": sizes " + shape_text(x.sizes) + " vs " + shape_text(y.sizes);
       if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
       if (x.contiguous_bytes() != y.contiguous_bytes()) return where + ": tensor elements differ";
       return {};
