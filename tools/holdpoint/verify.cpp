@@ -53,7 +53,7 @@ int verify_sharded(const VerifyArguments& args, const LoadedMapping& mapping, bo
   };
   const Manifest manifest = [&] {
     try {
-      return Manifest::from_value(mapping.root.as_dict().at(std::string(kManifestKey)));
+      return Manifest::of_root(mapping.root);
     } catch (const Error&) {
       return Manifest{};
     }

@@ -101,6 +101,11 @@ struct Manifest {
   static Manifest of_root(const Value& root);
 };
 
+// The "holdpoint" entry of a checkpoint's root, unread; nullptr when the root
+// is not a dict that has one. For callers that must tell a file without a
+// manifest from one with a bad manifest; the others use Manifest::of_root.
+const Value* find_manifest_entry(const Value& root);
+
 // SHA-256 of storages, by Storage::identity(), computed once and reused.
 class StorageDigests {
  public:

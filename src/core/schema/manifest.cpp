@@ -322,8 +322,12 @@ Manifest Manifest::from_value(const Value& value) {
   return manifest;
 }
 
+const Value* find_manifest_entry(const Value& root) {
+  return root.is_dict() ? root.as_dict().find(kManifestKey) : nullptr;
+}
+
 Manifest Manifest::of_root(const Value& root) {
-  const Value* manifest = root.is_dict() ? root.as_dict().find(kManifestKey) : nullptr;
+  const Value* manifest = find_manifest_entry(root);
   if (!manifest) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
   return from_value(*manifest);
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/fail.h"
+#include "holdpoint/schema/manifest.h"
 #include "holdpoint/verify/resume_verifier.h"
 
 namespace holdpoint {
@@ -14,8 +15,6 @@ namespace holdpoint {
 using detail::concat;
 
 namespace {
-
-constexpr std::string_view kManifestKey = "holdpoint";
 
 std::string format_number(double value) {
   char text[40];
