@@ -7,11 +7,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "base/fail.h"
 #include "format/pt_reader.h"
 #include "format/pt_writer.h"
+#include "format/sidecar.h"
 #include "format/safetensors/safetensors.h"
 #include "holdpoint/base/snapshot.h"
 #include "format/publish_file.h"
@@ -107,13 +107,13 @@ LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptio
 }  // namespace
 
 std::string sha256_sidecar_line(const Sha256Digest& digest, const std::filesystem::path& file) {
-  return digest.hex() + "  " + file.filename().string() + "\n";
+  return format::sidecar_text(digest, file.filename().string());
 }
 
 namespace {
 
 std::filesystem::path sidecar_path(const std::filesystem::path& path) {
-  return std::filesystem::path(path.string() + ".sha256");
+  return std::filesystem::path(path.string() + std::string(format::kSidecarSuffix));
 }
 
 // The parent directory of `path`, opened without following a symlink there.
@@ -126,30 +126,22 @@ std::unique_ptr<io::Directory> parent_directory(const std::filesystem::path& pat
 
 Sha256Digest read_sha256_sidecar(const std::filesystem::path& path) {
   const auto sidecar = sidecar_path(path);
-  std::ifstream in(sidecar, std::ios::binary);
-  if (!in) throw Error(ErrorCode::io_open_failed, "cannot open the .sha256 sidecar").with_path(sidecar.string());
-  std::string text(4097, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  auto invalid = [&](std::string_view why) {
-    return Error(ErrorCode::sidecar_invalid, std::string(why)).with_path(sidecar.string());
-  };
-  if (text.size() > 4096) throw invalid("sidecar is larger than 4096 bytes");
-  if (text.empty() || text.back() != '\n' || text.find('\n') != text.size() - 1) {
-    throw invalid("sidecar must be exactly one line ending in a newline");
+  io::Snapshot snapshot;
+  try {
+    snapshot = parent_directory(path)->read(sidecar.filename().string(), format::kMaxSidecarBytes);
+  } catch (const Error& error) {
+    if (error.code() != ErrorCode::file_too_large) throw error.with_path(sidecar.string());
+    throw Error(ErrorCode::sidecar_invalid, detail::concat("the sidecar is larger than ", format::kMaxSidecarBytes,
+                                                           " bytes; it is one line"))
+        .with_path(sidecar.string());
   }
-  text.pop_back();
-  // sha256sum writes "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode).
-  if (text.size() < 67 || (text.compare(64, 2, "  ") != 0 && text.compare(64, 2, " *") != 0)) {
-    throw invalid("sidecar line is not '<64 hex digits>  <file name>'");
+  const auto bytes = snapshot.buffer->bytes();
+  try {
+    return format::parse_sidecar({reinterpret_cast<const char*>(bytes.data()), bytes.size()},
+                                 path.filename().string(), ErrorCode::sidecar_invalid);
+  } catch (const Error& error) {
+    throw error.with_path(sidecar.string());
   }
-  const auto digest = Sha256Digest::from_hex(std::string_view(text).substr(0, 64));
-  if (!digest) throw invalid("sidecar digest is not 64 hexadecimal digits");
-  const std::string named = text.substr(66);
-  if (named != path.filename().string()) {
-    throw invalid("sidecar names '" + named + "', not '" + path.filename().string() + "'");
-  }
-  return *digest;
 }
 
 namespace detail {
