@@ -358,7 +358,7 @@ TEST(FaultFileSystem, OperationLogNamesEachOperation) {
   dir->sync();
   dir->open_subdirectory("sub", true);
   fs.fail_at(1, FaultKind::no_space, false);
-  EXPECT_THROW(dir->create_exclusive("z"), Error);
+  EXPECT_ERROR_CODE(dir->create_exclusive("z"), ErrorCode::io_open_failed);
   const std::vector<std::string> expected = {
       "open_directory /run (create)",
       "create_exclusive /run/.x.staging-1-2",
