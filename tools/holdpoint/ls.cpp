@@ -86,7 +86,7 @@ int run_ls(const LsArguments& args) {
     if (best && best->name == generation.name) out << "  [BEST]";
     if (args.verify) {
       const auto& check = checks.at(generation.name);
-      out << "  " << (check.ok ? "verified" : "FAILED " + check_text(check));
+      out << "  " << (check.ok ? "verified" : "FAILED " + to_text(check));
     }
     out << "\n";
   }

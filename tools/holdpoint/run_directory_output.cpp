@@ -1,9 +1,5 @@
 #include "run_directory_output.h"
 
-#include "base/utc_time.h"
-
-#include <chrono>
-#include <ctime>
 #include <iostream>
 
 #include "commands.h"
@@ -33,23 +29,10 @@ std::unique_ptr<RunDirectory> open_run_directory(const std::string& run, bool re
 }
 
 nlohmann::ordered_json generation_json(const GenerationInfo& generation) {
-  nlohmann::ordered_json metrics = nlohmann::ordered_json::object();
-  for (const auto& [name, value] : generation.metrics) metrics[name] = value;
-  return {{"name", generation.name},         {"step", generation.step},
-          {"epoch", generation.epoch},       {"kind", generation.kind},
-          {"size", generation.size},         {"sha256", generation.sha256.hex()},
-          {"saved_at", generation.saved_at}, {"metrics", std::move(metrics)},
-          {"world_size", generation.world_size}};
+  return nlohmann::ordered_json::parse(to_json(generation));
 }
 
-nlohmann::ordered_json check_json(const GenerationCheck& check) {
-  nlohmann::ordered_json out;
-  out["name"] = check.name;
-  out["ok"] = check.ok;
-  out["code"] = check.code ? nlohmann::ordered_json(std::string(error_code_name(*check.code))) : nullptr;
-  out["detail"] = check.detail;
-  return out;
-}
+nlohmann::ordered_json check_json(const GenerationCheck& check) { return nlohmann::ordered_json::parse(to_json(check)); }
 
 nlohmann::ordered_json recovery_json(const RecoveryReport& report) {
   const auto optional_text = [](const std::optional<std::string>& text) {
@@ -79,28 +62,10 @@ nlohmann::ordered_json recovery_json(const RecoveryReport& report) {
   return out;
 }
 
-std::optional<ErrorCode> recovery_problem_code(const RecoveryReport& report) {
-  for (const auto& check : report.damaged) {
-    if (check.code) return check.code;
-  }
-  if (!report.damaged.empty() || report.latest_problem || report.best_problem) return ErrorCode::run_pointer_invalid;
-  if (report.index_problem || !report.adopted.empty() || !report.dropped_from_index.empty()) {
-    return ErrorCode::run_index_invalid;
-  }
-  return std::nullopt;
-}
-
-std::string check_text(const GenerationCheck& check) {
-  if (check.ok) return "ok";
-  return std::string(check.code ? error_code_name(*check.code) : "unknown") + ": " + check.detail;
-}
-
 int report_error(std::ostream& out, ErrorCode code, const std::string& message) {
   const int exit_code = exit_code_for(code);
   out << (exit_code == kExitInvalid ? "invalid: " : "error: ") << error_code_name(code) << ": " << message << "\n";
   return exit_code;
 }
-
-std::string utc_timestamp() { return detail::utc_timestamp(); }
 
 }  // namespace holdpoint::cli

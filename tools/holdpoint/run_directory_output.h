@@ -1,7 +1,7 @@
-// What the run-directory commands (ls, verify RUN, gc, export) share: opening
-// a run directory with the CLI's error reporting, the JSON and text forms of
-// generations, checks and recovery findings, and the error code that sums up
-// a recovery report. docs/cli.md documents the JSON shapes.
+// What the run-directory commands (ls, verify RUN, gc) share: opening
+// a run directory with the CLI's error reporting, the JSON forms of
+// generations, checks and recovery findings, and how every command prints an
+// error. docs/cli.md documents the JSON shapes.
 #pragma once
 
 #include <iosfwd>
@@ -21,6 +21,7 @@ namespace holdpoint::cli {
 std::unique_ptr<RunDirectory> open_run_directory(const std::string& run, bool recover, bool json,
                                                  std::optional<BestMetric> best_metric = std::nullopt);
 
+// to_json (holdpoint/run/run_directory.h) as values to build on:
 // {"name", "step", "epoch", "kind", "size", "sha256", "saved_at", "metrics": {name: value},
 //  "world_size"} (world_size: the ranks of a sharded generation, 0 for a single file)
 nlohmann::ordered_json generation_json(const GenerationInfo& generation);
@@ -29,20 +30,9 @@ nlohmann::ordered_json check_json(const GenerationCheck& check);
 // The RecoveryReport's fields, plus "clean" and "lines" (RecoveryReport::lines()).
 nlohmann::ordered_json recovery_json(const RecoveryReport& report);
 
-// The code that best names a report's first problem: a damaged generation's
-// own code, run_pointer_invalid for LATEST or BEST, run_index_invalid for the
-// index; nullopt for a clean report.
-std::optional<ErrorCode> recovery_problem_code(const RecoveryReport& report);
-
-// "sha256_mismatch: <detail>" or "ok".
-std::string check_text(const GenerationCheck& check);
-
 // Prints an error the way every command does: "invalid: " (exit 1) or "error: "
 // (exit 2) then "<code>: <message>", on `out`; returns the exit code.
 int report_error(std::ostream& out, ErrorCode code, const std::string& message);
-
-// Now, UTC, ISO 8601 ("2025-01-31T12:00:00Z").
-std::string utc_timestamp();
 
 // `holdpoint verify RUN`: every generation, LATEST and BEST (verify_run.cpp).
 int verify_run_directory(const std::string& run, bool json);

@@ -73,7 +73,7 @@ int verify_run_directory(const std::string& path, bool json) {
   std::ostream& out = std::cout;
   for (const auto& check : checks) {
     out << "  " << (check.ok ? "ok      " : "FAILED  ") << check.name;
-    if (!check.ok) out << "  " << check_text(check);
+    if (!check.ok) out << "  " << to_text(check);
     out << "\n";
   }
   out << "  LATEST: " << (latest ? latest->name + " (verified)" : "problem: " + report.latest_problem.value_or("none"))

@@ -258,6 +258,12 @@ std::string_view error_code_description(ErrorCode code) noexcept;
 std::optional<ErrorCode> error_code_from_name(std::string_view name) noexcept;
 // Number of codes, for iteration in docs and tests.
 std::size_t error_code_count() noexcept;
+// Whether `code` is about the environment or the call (an argument the API
+// does not accept, a file that cannot be opened, read, written, synced or
+// renamed, a malformed expected digest, an export destination in use) rather
+// than about the content of a file: the CLI's exit code 2 rather than 1, and
+// what stops `export --all` rather than skipping a generation.
+bool is_environment_error(ErrorCode code) noexcept;
 
 class Error : public std::runtime_error {
  public:

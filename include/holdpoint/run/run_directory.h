@@ -249,4 +249,14 @@ std::string run_index_text(const std::vector<GenerationInfo>& generations);
 void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
                              const Limits& limits = {});
 
+// Compact JSON, the shapes `holdpoint ls`, `verify RUN` and export proofs
+// print (docs/cli.md), fields in this order (run_json.cpp):
+//   {"name", "step", "epoch", "kind", "size", "sha256", "saved_at",
+//    "metrics": {name: value}, "world_size"}
+//   {"name", "ok", "code" (null when ok), "detail"}
+std::string to_json(const GenerationInfo& generation);
+std::string to_json(const GenerationCheck& check);
+// "sha256_mismatch: <detail>", or "ok".
+std::string to_text(const GenerationCheck& check);
+
 }  // namespace holdpoint

@@ -44,6 +44,21 @@ std::optional<ErrorCode> error_code_from_name(std::string_view name) noexcept {
 
 std::size_t error_code_count() noexcept { return kCodes.size(); }
 
+bool is_environment_error(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::invalid_argument:
+    case ErrorCode::io_open_failed:
+    case ErrorCode::io_read_failed:
+    case ErrorCode::io_write_failed:
+    case ErrorCode::io_sync_failed:
+    case ErrorCode::io_rename_failed:
+    case ErrorCode::io_not_regular_file:
+    case ErrorCode::sha256_invalid:
+    case ErrorCode::export_destination_invalid: return true;
+    default: return false;
+  }
+}
+
 Error::Error(ErrorCode code, std::string detail) : Error(code, std::move(detail), std::string()) {}
 
 Error::Error(ErrorCode code, std::string detail, std::string path)
