@@ -17,6 +17,7 @@
 #include "holdpoint/base/file_system.h"
 #include "base/publish.h"
 #include "run/staging_arena.h"
+#include "schema/checkpoint_bytes.h"
 
 namespace holdpoint {
 
@@ -153,8 +154,20 @@ struct DistributedCheckpointer::Impl {
     std::optional<Failure> failure;  // carried into the agreement, so no rank waits for this one
   };
   Captured capture(const StateStager& stage);
-  DistributedSaveResult run_save(c10d::ProcessGroup& group, const Captured& captured, const GenerationSpec& spec);
   void finish_background();
+
+  // The two-phase commit of one save, one function per phase (in order).
+  struct SaveRound;
+  DistributedSaveResult run_save(c10d::ProcessGroup& group, const Captured& captured, const GenerationSpec& spec);
+  void partition_states(SaveRound& round);
+  std::string save_identity(const SaveRound& round) const;
+  void agree_on_capture(SaveRound& round, const std::optional<Failure>& mine);
+  void write_shard(SaveRound& round);
+  void agree_on_shards(SaveRound& round, const std::optional<Failure>& mine);
+  void commit_step_manifest(SaveRound& round);
+  void agree_on_commit(SaveRound& round, const std::optional<Failure>& mine);
+  // Rank 0 removes the uncommitted shard directory after a failed phase.
+  void discard_shards(std::int64_t step);
 
   Impl(c10d::ProcessGroup& g, TrainingState& s, c10d::ProcessGroup* coordination)
       : group(coordination ? *coordination : g), state(s) {}
@@ -283,121 +296,163 @@ std::optional<DistributedSaveResult> DistributedCheckpointer::wait() {
   return std::exchange(d.last_result, std::nullopt);
 }
 
+// ---- save: the two-phase commit --------------------------------------------------------------
+//
+// Each phase runs on every rank and ends in agree(): either every rank goes
+// on, or every rank throws (and rank 0 discards the shard directory while
+// nothing names it). docs/distributed.md §4 describes the protocol.
+
+// One save as it passes through the phases.
+struct DistributedCheckpointer::Impl::SaveRound {
+  SaveRound(c10d::ProcessGroup& g, const PreparedCheckpoint& p, const GenerationSpec& s)
+      : group(g), prepared(p), spec(s) {}
+
+  c10d::ProcessGroup& group;
+  const PreparedCheckpoint& prepared;
+  const GenerationSpec& spec;
+  std::vector<std::string> replicated_names;
+  std::vector<std::string> rank_local_names;
+  ReplicatedPartition partition;
+  std::filesystem::path shards_path;  // the coordinator's, once the capture is agreed
+  io::PublishResult shard;            // this rank's
+  std::string committed;              // the coordinator's generation, as it travels
+  DistributedSaveResult result;
+};
+
 DistributedSaveResult DistributedCheckpointer::Impl::run_save(c10d::ProcessGroup& group, const Captured& captured,
                                                               const GenerationSpec& spec) {
-  Impl& d = *this;
-  DistributedSaveResult result;
-  result.world_size = d.world;
+  SaveRound round(group, captured.prepared, spec);
+  round.result.world_size = world;
 
   // 1. Partition, and the coordinator's shard directory.
-  const PreparedCheckpoint& prepared = captured.prepared;
-  ReplicatedPartition partition;
-  std::filesystem::path shards_path;
-  std::vector<std::string> replicated_names, rank_local_names;
-  auto mine = captured.failure ? captured.failure : attempt([&] {
-    std::vector<std::pair<std::string, Value>> replicated;
-    for (const auto& [name, state] : prepared.states()) {
-      if (d.is_rank_local(name)) {
-        rank_local_names.push_back(name);
-      } else {
-        replicated_names.push_back(name);
-        replicated.emplace_back(name, state);
-      }
-    }
-    partition = partition_replicated(replicated, d.world);
-    if (d.rank == 0) shards_path = d.run->prepare_shard_directory(spec.step);
-  });
-  // What every rank must agree on besides the replicated structure: the step,
-  // the configuration identity, profile and semantic identity, and which
-  // components are replicated or rank-local.
-  std::string identity;
-  if (!mine) {
-    const Manifest& m = prepared.manifest();
-    identity = concat("step ", spec.step, "; config ", m.config.load_bearing_digest().hex(), "; profile ", m.profile,
-                      "; semantic identity '", m.semantic_identity, "'; replicated");
-    for (const auto& n : replicated_names) identity += " " + n;
-    identity += "; rank-local";
-    for (const auto& n : rank_local_names) identity += " " + n;
-  }
-  const auto discard = [&] {
-    if (d.rank != 0 || !d.run) return;
-    try {
-      d.run->discard_shard_directory(spec.step);
-    } catch (const Error&) {
-      // Recovery removes it on the next open.
-    }
-  };
-  std::vector<std::string> prepared_payloads;
+  agree_on_capture(round, captured.failure ? captured.failure : attempt([&] { partition_states(round); }));
+
+  // 2. Every rank publishes its shard.
+  hook("before-shard");
+  const auto shard_failure = attempt([&] { write_shard(round); });
+  hook("after-shard");
+  agree_on_shards(round, shard_failure);
+
+  // 3. The coordinator commits the step manifest; LATEST moves last.
+  if (rank == 0) hook("before-commit");
+  const auto commit_failure = attempt([&] { commit_step_manifest(round); });
+  if (commit_failure && rank == 0 && !(run->latest() && run->latest()->step == spec.step)) discard_shards(spec.step);
+  agree_on_commit(round, commit_failure);
+  return round.result;
+}
+
+void DistributedCheckpointer::Impl::discard_shards(std::int64_t step) {
+  if (rank != 0 || !run) return;
   try {
-    prepared_payloads = agree(group, concat("saving step ", spec.step, ": capture"), mine,
-                              concat(partition.fingerprint.hex(), "\n", identity, "\n", shards_path.string()));
+    run->discard_shard_directory(step);
   } catch (const Error&) {
-    discard();
+    // Recovery removes it on the next open.
+  }
+}
+
+void DistributedCheckpointer::Impl::partition_states(SaveRound& round) {
+  std::vector<std::pair<std::string, Value>> replicated;
+  for (const auto& [name, state] : round.prepared.states()) {
+    if (is_rank_local(name)) {
+      round.rank_local_names.push_back(name);
+    } else {
+      round.replicated_names.push_back(name);
+      replicated.emplace_back(name, state);
+    }
+  }
+  round.partition = partition_replicated(replicated, world);
+  if (rank == 0) round.shards_path = run->prepare_shard_directory(round.spec.step);
+}
+
+// What every rank must agree on besides the replicated structure: the step,
+// the configuration identity, profile and semantic identity, and which
+// components are replicated or rank-local.
+std::string DistributedCheckpointer::Impl::save_identity(const SaveRound& round) const {
+  const Manifest& m = round.prepared.manifest();
+  std::string identity = concat("step ", round.spec.step, "; config ", m.config.load_bearing_digest().hex(),
+                                "; profile ", m.profile, "; semantic identity '", m.semantic_identity, "'; replicated");
+  for (const auto& n : round.replicated_names) identity += " " + n;
+  identity += "; rank-local";
+  for (const auto& n : round.rank_local_names) identity += " " + n;
+  return identity;
+}
+
+// Every rank reports its partition's fingerprint and its identity; rank 0
+// also the shard directory, which every rank then writes into.
+void DistributedCheckpointer::Impl::agree_on_capture(SaveRound& round, const std::optional<Failure>& mine) {
+  const GenerationSpec& spec = round.spec;
+  const std::string identity = mine ? std::string() : save_identity(round);
+  std::vector<std::string> payloads;
+  try {
+    payloads = agree(round.group, concat("saving step ", spec.step, ": capture"), mine,
+                     concat(round.partition.fingerprint.hex(), "\n", identity, "\n", round.shards_path.string()));
+  } catch (const Error&) {
+    discard_shards(spec.step);
     throw;
   }
-  for (std::size_t r = 1; r < prepared_payloads.size(); ++r) {
-    const auto theirs = split_lines(prepared_payloads[r]);
-    const auto coordinator = split_lines(prepared_payloads[0]);
+  for (std::size_t r = 1; r < payloads.size(); ++r) {
+    const auto theirs = split_lines(payloads[r]);
+    const auto coordinator = split_lines(payloads[0]);
     if (theirs.at(1) != coordinator.at(1)) {
-      discard();
+      discard_shards(spec.step);
       fail(ErrorCode::distributed_ranks_disagree, "saving step ", spec.step, ": rank ", r, " has ", theirs.at(1),
            "; rank 0 has ", coordinator.at(1));
     }
     if (theirs.at(0) != coordinator.at(0)) {
-      discard();
+      discard_shards(spec.step);
+      std::string rank_local;
+      for (const auto& n : options.rank_local) rank_local += (rank_local.empty() ? "" : ", ") + n;
       fail(ErrorCode::distributed_replicated_mismatch, "saving step ", spec.step, ": rank ", r,
            "'s replicated components differ from rank 0's in structure, tensor sizes or scalar values, so they "
            "cannot be written once for all ranks; a component that differs per rank must be rank-local "
-           "(rank-local now: ", [&] {
-             std::string names;
-             for (const auto& n : d.options.rank_local) names += (names.empty() ? "" : ", ") + n;
-             return names;
-           }(), ")");
+           "(rank-local now: ", rank_local, ")");
     }
   }
-  const auto coordinator_lines = split_lines(prepared_payloads[0]);
-  shards_path = coordinator_lines.size() > 2 ? std::filesystem::path(coordinator_lines[2]) : std::filesystem::path();
+  const auto coordinator_lines = split_lines(payloads[0]);
+  round.shards_path = coordinator_lines.size() > 2 ? std::filesystem::path(coordinator_lines[2]) : std::filesystem::path();
+}
 
-  // 2. Every rank publishes its shard.
-  d.hook("before-shard");
-  io::PublishResult published;
-  mine = attempt([&] {
-    Manifest manifest = sharded_manifest(prepared.manifest(), CheckpointKind::shard, d.world, spec.step);
-    manifest.sharding->rank = d.rank;
-    std::vector<std::pair<std::string, Value>> states;
-    const auto& pieces = partition.pieces.at(static_cast<std::size_t>(d.rank));
-    std::size_t piece = 0;
-    for (const auto& [name, state] : prepared.states()) {
-      if (d.is_rank_local(name)) {
-        states.emplace_back(name, state);
-      } else {
-        states.push_back(pieces.at(piece++));
-      }
+// This rank's rank-local components whole and its piece of every replicated
+// one, published into the shard directory.
+void DistributedCheckpointer::Impl::write_shard(SaveRound& round) {
+  Manifest manifest = sharded_manifest(round.prepared.manifest(), CheckpointKind::shard, world, round.spec.step);
+  manifest.sharding->rank = rank;
+  std::vector<std::pair<std::string, Value>> states;
+  const auto& pieces = round.partition.pieces.at(static_cast<std::size_t>(rank));
+  std::size_t piece = 0;
+  for (const auto& [name, state] : round.prepared.states()) {
+    if (is_rank_local(name)) {
+      states.emplace_back(name, state);
+    } else {
+      states.push_back(pieces.at(piece++));
     }
-    const PreparedCheckpoint shard(std::move(manifest), std::move(states), d.options.torch_1_13_compatible);
-    auto directory = io::posix_file_system().open_directory(shards_path, false);
-    io::PublishOptions publish_options;
-    publish_options.replace = false;
-    publish_options.durable = d.options.run.durable;
-    publish_options.max_bytes = d.options.run.limits.max_file_bytes;
-    const Limits limits = d.options.run.limits;
-    published = io::publish(
-        *directory, shard_file_name(d.rank), publish_options, [&](io::ByteSink& sink) { shard.write(sink); },
-        [&limits](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
-          verify_generation_bytes(bytes, owner, limits);
-        });
-  });
-  d.hook("after-shard");
-  std::vector<std::string> shard_payloads;
+  }
+  const PreparedCheckpoint shard(std::move(manifest), std::move(states), options.torch_1_13_compatible);
+  auto directory = io::posix_file_system().open_directory(round.shards_path, false);
+  io::PublishOptions publish_options;
+  publish_options.replace = false;
+  publish_options.durable = options.run.durable;
+  publish_options.max_bytes = options.run.limits.max_file_bytes;
+  const Limits limits = options.run.limits;
+  round.shard = io::publish(
+      *directory, shard_file_name(rank), publish_options, [&](io::ByteSink& sink) { shard.write(sink); },
+      [&limits](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+        schema::verify_checkpoint_bytes(bytes, owner, limits);
+      });
+}
+
+// Every rank reports its shard's size and digest, for the step manifest.
+void DistributedCheckpointer::Impl::agree_on_shards(SaveRound& round, const std::optional<Failure>& mine) {
+  std::vector<std::string> payloads;
   try {
-    shard_payloads = agree(group, concat("saving step ", spec.step, ": shards"), mine,
-                           concat(published.size, " ", published.sha256.hex()));
+    payloads = agree(round.group, concat("saving step ", round.spec.step, ": shards"), mine,
+                     concat(round.shard.size, " ", round.shard.sha256.hex()));
   } catch (const Error&) {
-    discard();
+    discard_shards(round.spec.step);
     throw;
   }
-  for (std::size_t r = 0; r < shard_payloads.size(); ++r) {
-    std::istringstream in(shard_payloads[r]);
+  for (std::size_t r = 0; r < payloads.size(); ++r) {
+    std::istringstream in(payloads[r]);
     ShardRecord record;
     std::string hex;
     in >> record.size >> hex;
@@ -405,64 +460,68 @@ DistributedSaveResult DistributedCheckpointer::Impl::run_save(c10d::ProcessGroup
     const auto digest = Sha256Digest::from_hex(hex);
     if (!digest) fail(ErrorCode::distributed_rank_failed, "rank ", r, " reported a malformed shard digest");
     record.sha256 = *digest;
-    result.shards.push_back(record);
+    round.result.shards.push_back(record);
   }
-  result.bytes_written = published.size;
+  round.result.bytes_written = round.shard.size;
+}
 
-  // 3. The coordinator commits the step manifest; LATEST moves last.
-  if (d.rank == 0) d.hook("before-commit");
-  std::string committed;
-  mine = attempt([&] {
-    if (d.rank != 0) return;
-    Manifest manifest = sharded_manifest(prepared.manifest(), CheckpointKind::sharded, d.world, spec.step);
-    Sharding& sharding = *manifest.sharding;
-    sharding.replicated = replicated_names;
-    sharding.rank_local = rank_local_names;
-    sharding.shards = result.shards;
-    const PreparedCheckpoint step_manifest(manifest, {}, d.options.torch_1_13_compatible);
-    GenerationSpec generation = spec;
-    generation.world_size = d.world;
-    const Limits limits = d.options.run.limits;
-    const auto verify = [&](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
-      const Manifest read = Manifest::of_root(parse_checkpoint_bytes(bytes, owner, limits).root);
-      if (read.kind != CheckpointKind::sharded || read.sharding->shards.size() != sharding.shards.size()) {
-        fail(ErrorCode::schema_field_invalid, "the step manifest read back is not the one written");
+// On rank 0: the step manifest, listing every shard, committed to the run
+// directory once each shard is there at its reported size.
+void DistributedCheckpointer::Impl::commit_step_manifest(SaveRound& round) {
+  if (rank != 0) return;
+  const GenerationSpec& spec = round.spec;
+  Manifest manifest = sharded_manifest(round.prepared.manifest(), CheckpointKind::sharded, world, spec.step);
+  Sharding& sharding = *manifest.sharding;
+  sharding.replicated = round.replicated_names;
+  sharding.rank_local = round.rank_local_names;
+  sharding.shards = round.result.shards;
+  const PreparedCheckpoint step_manifest(manifest, {}, options.torch_1_13_compatible);
+  GenerationSpec generation = spec;
+  generation.world_size = world;
+  const Limits limits = options.run.limits;
+  const std::filesystem::path& shards_path = round.shards_path;
+  const auto verify = [&](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+    const Manifest read = Manifest::of_root(parse_checkpoint_bytes(bytes, owner, limits).root);
+    if (read.kind != CheckpointKind::sharded || read.sharding->shards.size() != sharding.shards.size()) {
+      fail(ErrorCode::schema_field_invalid, "the step manifest read back is not the one written");
+    }
+    // The shards are there, at their reported sizes (each rank read its own back already).
+    auto shards = io::posix_file_system().open_directory(shards_path, false);
+    for (const auto& shard : sharding.shards) {
+      const auto info = shards->stat(shard_file_name(shard.rank));
+      if (!info || info->type != io::FileInfo::Type::regular || info->size != shard.size) {
+        fail(ErrorCode::run_shards_invalid, shard_directory_name(spec.step), "/", shard_file_name(shard.rank),
+             " is missing or not of its reported size ", shard.size);
       }
-      // The shards are there, at their reported sizes (each rank read its own back already).
-      auto shards = io::posix_file_system().open_directory(shards_path, false);
-      for (const auto& shard : sharding.shards) {
-        const auto info = shards->stat(shard_file_name(shard.rank));
-        if (!info || info->type != io::FileInfo::Type::regular || info->size != shard.size) {
-          fail(ErrorCode::run_shards_invalid, shard_directory_name(spec.step), "/", shard_file_name(shard.rank),
-               " is missing or not of its reported size ", shard.size);
-        }
-      }
-    };
-    const CommitResult commit =
-        d.run->commit(generation, [&](io::ByteSink& sink) { step_manifest.write(sink); }, verify);
-    result.generation = commit.generation;
-    committed = concat(commit.generation.name, " ", commit.generation.sha256.hex(), " ", commit.generation.step, " ",
-                       commit.generation.size);
-  });
-  if (mine && d.rank == 0 && !(d.run->latest() && d.run->latest()->step == spec.step)) discard();
-  const auto outcome = agree(group, concat("saving step ", spec.step, ": commit"), mine, committed);
+    }
+  };
+  const CommitResult commit = run->commit(generation, [&](io::ByteSink& sink) { step_manifest.write(sink); }, verify);
+  round.result.generation = commit.generation;
+  round.committed = concat(commit.generation.name, " ", commit.generation.sha256.hex(), " ", commit.generation.step,
+                           " ", commit.generation.size);
+}
+
+// Every rank learns the committed generation (or every rank throws).
+void DistributedCheckpointer::Impl::agree_on_commit(SaveRound& round, const std::optional<Failure>& mine) {
+  const GenerationSpec& spec = round.spec;
+  const auto outcome = agree(round.group, concat("saving step ", spec.step, ": commit"), mine, round.committed);
+  DistributedSaveResult& result = round.result;
+  GenerationInfo& g = result.generation;
   {
     std::istringstream in(outcome[0]);
-    GenerationInfo& g = result.generation;
     std::string hex;
     in >> g.name >> hex >> g.step >> g.size;
     const auto digest = Sha256Digest::from_hex(hex);
     if (!digest) fail(ErrorCode::distributed_rank_failed, "the coordinator reported a malformed commit: ", outcome[0]);
     g.sha256 = *digest;
-    g.epoch = spec.epoch;
-    g.kind = spec.kind;
-    g.metrics = spec.metrics;
-    g.world_size = d.world;
   }
-  result.total_bytes = result.generation.size;
+  g.epoch = spec.epoch;
+  g.kind = spec.kind;
+  g.metrics = spec.metrics;
+  g.world_size = world;
+  result.total_bytes = g.size;
   for (const auto& shard : result.shards) result.total_bytes += shard.size;
-  d.latest = result.generation;
-  return result;
+  latest = g;
 }
 
 // ---- load ------------------------------------------------------------------------------------
