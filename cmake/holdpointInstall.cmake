@@ -17,8 +17,7 @@ include(CMakePackageConfigHelpers)
 # The aliases let code in this tree use the same names.
 # (The layer libraries of docs/architecture.md; holdpoint_core and
 # holdpoint_torch are interface libraries that link them.)
-set(HOLDPOINT_EXPORTED_LIBRARIES holdpoint_base holdpoint_value holdpoint_zip holdpoint_pickle holdpoint_safetensors
-  holdpoint_format holdpoint_schema holdpoint_run holdpoint_verify holdpoint_core)
+set(HOLDPOINT_EXPORTED_LIBRARIES ${HOLDPOINT_CORE_LIBRARIES} holdpoint_core)
 foreach(optional_library holdpoint_tensor holdpoint_state holdpoint_checkpoint holdpoint_trainer holdpoint_torch holdpoint_dist)
   if(TARGET ${optional_library})
     list(APPEND HOLDPOINT_EXPORTED_LIBRARIES ${optional_library})

@@ -167,8 +167,8 @@ int run_verify(const VerifyArguments& args) {
   try {
     LoadOptions options;
     options.progress = terminal_progress("reading " + args.file);
-    if (!args.sha256.empty()) options.expected_sha256 = args.sha256;
-    if (args.sidecar) options.expected_sha256 = read_sha256_sidecar(args.file).hex();
+    if (!args.sha256.empty()) options.expected_sha256 = Sha256Digest::parse(args.sha256);
+    if (args.sidecar) options.expected_sha256 = read_sha256_sidecar(args.file);
     const LoadedMapping mapping = load_checkpoint_mapping(args.file, options);
     if (is_sharded_manifest(mapping)) return verify_sharded(args, mapping, options.expected_sha256.has_value());
     report["valid"] = true;

@@ -72,8 +72,6 @@ class CheckpointManager {
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
-  // What opening the run directory found (recovery).
-  const RecoveryReport& recovery() const;
   // Loads LATEST into the training state transactionally, against its
   // recorded SHA-256; nullopt when the run has no generation yet. A run whose
   // generations are all damaged (quarantined) is refused with
@@ -102,7 +100,8 @@ class CheckpointManager {
   std::optional<GenerationInfo> best();
   std::vector<GenerationInfo> generations();
   std::optional<CommitResult> last_commit();
-  // The run directory itself; wait() first when saves are asynchronous.
+  // The run directory itself (recovery() says what opening it found); wait()
+  // first when saves are asynchronous.
   RunDirectory& run();
 
  private:

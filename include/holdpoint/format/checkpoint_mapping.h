@@ -34,79 +34,24 @@
 
 #include "holdpoint/base/error.h"
 #include "holdpoint/format/limits.h"
+#include "holdpoint/format/loaded_mapping.h"
 #include "holdpoint/base/sha256.h"
 #include "holdpoint/format/value.h"
 
 namespace holdpoint {
 
-enum class FileFormat : std::uint8_t {
-  pytorch_zip,     // torch.save since 1.6 (and the opt-in zip of 1.4/1.5)
-  pytorch_legacy,  // torch.save before 1.6, or _use_new_zipfile_serialization=False
-  safetensors,
-};
-
-std::string_view file_format_name(FileFormat format) noexcept;
-
 struct LoadOptions {
   Limits limits;
-  // 64 hex digits. Should come from an authenticated source: a digest stored
-  // beside an attacker-controlled file authenticates nothing.
-  std::optional<std::string> expected_sha256;
+  // Checked before any byte is parsed. Should come from an authenticated
+  // source: a digest stored beside an attacker-controlled file authenticates
+  // nothing. Sha256Digest::parse reads one from text.
+  std::optional<Sha256Digest> expected_sha256;
   // Reports reading progress of large files as (bytes read, file size), on
   // the calling thread; reading is the only phase that takes seconds.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;
-  // The caller vouches for the file's producer and custody. When the
-  // restricted reader refuses the file, LibTorch's own deserializer is tried
-  // (a TorchScript archive, a torch::pickle_save pickle) and the result carries
-  // a warning. Needs the LibTorch bridge (holdpoint_torch, which enables it;
-  // see holdpoint/tensor/trusted_load.h); LibTorch's unpickler is never used otherwise.
-  bool trusted = false;
-};
-
-// One zip record (or one storage of a legacy stream), for inspection.
-struct RecordInfo {
-  std::string name;  // without the archive folder: "data.pkl", "data/0"
-  std::uint64_t offset = 0;  // of the payload in the file
-  std::uint64_t size = 0;
-  std::uint32_t crc32 = 0;  // 0 for legacy storages and safetensors tensors
-};
-
-// What the file says about the writer that produced it.
-struct FormatMarkers {
-  std::string archive_name;               // zip folder name
-  std::optional<std::uint64_t> version;   // `version` / `.data/version`
-  std::optional<std::string> byteorder;   // `byteorder` record (torch >= 2.1)
-  std::optional<std::uint64_t> format_version;     // `.format_version` (torch >= 2.7)
-  std::optional<std::uint64_t> storage_alignment;  // `.storage_alignment` (torch >= 2.7)
-  std::optional<std::string> serialization_id;     // `.data/serialization_id` (torch >= 2.1)
-  int pickle_protocol = 0;                 // of data.pkl (0 when none, e.g. safetensors)
-  std::optional<std::uint64_t> legacy_protocol_version;  // 1001 for legacy streams
-  bool uses_binfloat = false;              // torch 1.13 weights_only cannot read BINFLOAT
-  std::map<std::string, std::string> safetensors_metadata;
-  // A human-readable guess at the producing torch version range.
-  std::string producer;
-};
-
-struct LoadedMapping {
-  Value root;
-  // Set when LibTorch's deserializer produced the mapping (trusted loads).
-  bool via_libtorch = false;
-  std::vector<std::string> warnings;
-  FileFormat format = FileFormat::pytorch_zip;
-  Sha256Digest sha256;
-  std::uint64_t file_bytes = 0;
-  FormatMarkers markers;
-  std::vector<RecordInfo> records;
 };
 
 LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options = {});
-
-namespace detail {
-// The LibTorch fallback of trusted loads, installed by holdpoint_torch.
-using TrustedLoader = LoadedMapping (*)(const std::filesystem::path& path, const LoadOptions& options,
-                                        const Error& restricted_failure);
-void set_trusted_loader(TrustedLoader loader) noexcept;
-}  // namespace detail
 
 // Parses a file already in memory (the fuzz targets and the CLI use this).
 // `bytes` must stay alive and unchanged while the result is used, unless
@@ -123,8 +68,9 @@ struct SaveOptions {
   std::string archive_name = "archive";
   // fsync the file and its directory before returning. Off only for scratch files.
   bool durable = true;
-  // Also write `<path>.sha256` in sha256sum format.
-  bool write_sidecar = false;
+  // Also write `<path>.sha256` in sha256sum format (the default, as for every
+  // save of holdpoint: a copy then carries its own corruption check).
+  bool write_sidecar = true;
 };
 
 struct SaveResult {

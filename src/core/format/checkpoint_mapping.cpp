@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -42,58 +41,9 @@ LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr
   return mapping;
 }
 
-namespace {
-std::atomic<detail::TrustedLoader> trusted_loader{nullptr};
-
-LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptions& options);
-}  // namespace
-
-void detail::set_trusted_loader(TrustedLoader loader) noexcept { trusted_loader.store(loader); }
-
 LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options) {
-  if (!options.trusted) return load_restricted(path, options);
-  try {
-    return load_restricted(path, options);
-  } catch (const Error& error) {
-    // Only what the file is, never how it was read, is a reason to try LibTorch:
-    // I/O errors and digest mismatches stand.
-    switch (error.code()) {
-      case ErrorCode::io_open_failed:
-      case ErrorCode::io_read_failed:
-      case ErrorCode::io_not_regular_file:
-      case ErrorCode::file_too_large:
-      case ErrorCode::file_changed_during_read:
-      case ErrorCode::sha256_mismatch:
-      case ErrorCode::sha256_invalid:
-      case ErrorCode::file_empty:
-        throw;
-      default: break;
-    }
-    const detail::TrustedLoader loader = trusted_loader.load();
-    if (!loader) {
-      throw Error(ErrorCode::trusted_load_failed,
-                  detail::concat("the restricted reader refused the file (", error_code_name(error.code()),
-                                 ") and LibTorch's deserializer is not available in this program "
-                                 "(link holdpoint_torch and call holdpoint::enable_trusted_loading())"))
-          .with_path(path.string());
-    }
-    return loader(path, options, error);
-  }
-}
-
-namespace {
-
-LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptions& options) {
-  std::optional<Sha256Digest> expected;
-  if (options.expected_sha256) {
-    expected = Sha256Digest::from_hex(*options.expected_sha256);
-    if (!expected) {
-      throw Error(ErrorCode::sha256_invalid, detail::concat("expected SHA-256 '", *options.expected_sha256,
-                                                            "' is not 64 hexadecimal digits"))
-          .with_path(path.string());
-    }
-  }
-  io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, expected, options.progress);
+  io::Snapshot snapshot =
+      io::read_snapshot(path, options.limits.max_file_bytes, options.expected_sha256, options.progress);
   try {
     auto buffer = snapshot.buffer;
     LoadedMapping mapping = parse_checkpoint_bytes(buffer->bytes(), buffer, options.limits);
@@ -103,8 +53,6 @@ LoadedMapping load_restricted(const std::filesystem::path& path, const LoadOptio
     throw error.with_path(path.string());
   }
 }
-
-}  // namespace
 
 std::string sha256_sidecar_line(const Sha256Digest& digest, const std::filesystem::path& file) {
   return format::sidecar_text(digest, file.filename().string());

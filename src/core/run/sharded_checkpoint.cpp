@@ -382,7 +382,7 @@ void require_manifest_only(const Value& root, const std::string& label) {
 }
 
 bool is_sharded_manifest(const LoadedMapping& mapping) {
-  const Value* manifest = mapping.root.is_dict() ? mapping.root.as_dict().find(kManifestKey) : nullptr;
+  const Value* manifest = find_manifest_entry(mapping.root);
   if (!manifest || !manifest->is_dict()) return false;
   const Value* kind = manifest->as_dict().find(std::string_view("kind"));
   return kind && kind->is_string() && kind->as_string() == "sharded";

@@ -219,7 +219,7 @@ class Protocol {
     }
     const std::filesystem::path checkpoint = run.output / kCheckpointFile;
     LoadOptions load;
-    load.expected_sha256 = read_sha256_sidecar(checkpoint).hex();
+    load.expected_sha256 = read_sha256_sidecar(checkpoint);
     LoadedMapping mapping = load_checkpoint_mapping(checkpoint, load);
     if (is_sharded_manifest(mapping)) {
       // A multi-rank trainer's step manifest: its shards beside it, every one

@@ -70,9 +70,7 @@ SelectionEnvelope envelope_from_root(const Value& root) {
          ", not a selection envelope");
   }
   const Dict& top = root.as_dict();
-  const Value* manifest_value = top.find(kManifestKey);
-  if (!manifest_value) fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey, "' manifest");
-  const Manifest manifest = Manifest::from_value(*manifest_value);
+  const Manifest manifest = Manifest::of_root(root);
   if (manifest.kind != CheckpointKind::selection) {
     fail(ErrorCode::checkpoint_kind_mismatch, "the checkpoint's kind is '", checkpoint_kind_name(manifest.kind),
          "'; a selection envelope has kind 'selection'");

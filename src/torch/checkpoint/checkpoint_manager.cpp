@@ -87,8 +87,6 @@ CheckpointManager::~CheckpointManager() {
   }
 }
 
-const RecoveryReport& CheckpointManager::recovery() const { return impl_->run.recovery(); }
-
 std::optional<LoadReport> CheckpointManager::resume() {
   impl_->rethrow(impl_->join());
   const auto latest = impl_->run.latest();

@@ -303,7 +303,7 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
       fail(ErrorCode::schema_field_missing, "the file holds a ", value_kind_name(root.kind()),
            ", not a holdpoint checkpoint (dict with a '", kManifestKey, "' manifest)");
     }
-    const Value* manifest_value = root.as_dict().find(kManifestKey);
+    const Value* manifest_value = find_manifest_entry(root);
     if (!manifest_value) {
       fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey,
            "' manifest; legacy checkpoints restore the model with load_model_state, or everything they hold "
@@ -438,7 +438,7 @@ LoadReport TrainingState::load_model_state(const std::filesystem::path& path, co
   try {
     Value state;
     const Value& root = mapping.root;
-    const Value* manifest_value = root.is_dict() ? root.as_dict().find(kManifestKey) : nullptr;
+    const Value* manifest_value = find_manifest_entry(root);
     if (manifest_value) {
       const Manifest manifest = Manifest::from_value(*manifest_value);
       const Value* model_state = root.as_dict().find(std::string_view("model"));
@@ -489,7 +489,7 @@ LoadReport TrainingState::load_trusted_checkpoint(const std::filesystem::path& p
   for (const auto& warning : report.warnings) warn(warning);
   try {
     const Value& root = mapping.root;
-    if (root.is_dict() && root.as_dict().find(kManifestKey)) {
+    if (find_manifest_entry(root)) {
       // A holdpoint checkpoint needs no trust; restore it the checked way.
       LoadReport checked = load_checkpoint(path);
       checked.warnings = report.warnings;

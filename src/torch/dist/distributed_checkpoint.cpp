@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "base/fail.h"
+#include "checkpoint/training_state_access.h"
 #include "holdpoint/state/sampler.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/base/file_system.h"
@@ -610,7 +611,7 @@ DistributedLoadReport DistributedCheckpointer::load(const std::filesystem::path&
       agreed = true;
       agree(d.group, phase, std::nullopt);
     };
-    out.report = d.state.load_parsed_checkpoint(mapping, manifest_path, load_options);
+    out.report = TrainingStateAccess::load_parsed(d.state, mapping, manifest_path, load_options);
   };
   std::optional<Failure> failure;
   try {
