@@ -94,6 +94,7 @@
 #include "holdpoint/base/byte_sink.h"
 #include "holdpoint/base/file_system.h"
 #include "fault_fs_tree.h"
+#include "run/run_files.h"
 #include "support/fault_file_system.h"
 
 namespace {

@@ -185,7 +185,8 @@ struct GcPlan {
 class RunDirectory {
  public:
   using Writer = std::function<void(io::ByteSink&)>;
-  // Checks the bytes read back before the rename (default: verify_generation_bytes).
+  // Checks the bytes read back before the rename (default: they parse with
+  // the restricted reader and hold a holdpoint manifest that reads).
   using Verifier = std::function<void(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner)>;
 
   explicit RunDirectory(const std::filesystem::path& path, RunDirectoryOptions options = {});
@@ -237,12 +238,6 @@ class RunDirectory {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// The texts of the run directory's own files, exactly as commit() writes
-// them (for tools that assemble a run directory elsewhere, like export):
-// "<name> <sha256>\n" for LATEST and BEST, and index.json.
-std::string run_pointer_text(const GenerationInfo& generation);
-std::string run_index_text(const std::vector<GenerationInfo>& generations);
 
 // The verifier commits use by default: the bytes parse with the restricted
 // reader and hold a holdpoint manifest that reads.

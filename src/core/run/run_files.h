@@ -24,7 +24,8 @@
 
 namespace holdpoint {
 
-// Also for tools that assemble a run directory elsewhere, like export.
+// Exactly as commit() writes them, also for export, which assembles a run
+// directory elsewhere.
 std::string run_pointer_text(const GenerationInfo& generation);
 std::string run_index_text(const std::vector<GenerationInfo>& generations);
 
