@@ -428,7 +428,7 @@ int main(int argc, char** argv) {
     });
     const double read_back = median_of(repeat, [&] { return read_fresh(last_generation); });
     holdpoint::LoadOptions verified;
-    verified.expected_sha256 = last_sha;
+    verified.expected_sha256 = holdpoint::Sha256Digest::parse(last_sha);
     const double verified_load = median_of(repeat, [&] {
       holdpoint::LoadedMapping mapping;
       const double s = seconds_of([&] { mapping = holdpoint::load_checkpoint_mapping(last_generation, verified); });

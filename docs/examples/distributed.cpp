@@ -56,7 +56,7 @@ bool save_and_load(const std::filesystem::path& run) {
   }
   // The step manifest's path is the same on every rank; its shards lie beside it.
   const std::filesystem::path manifest = run / "checkpoints" / saved.generation.name;
-  checkpointer.load(manifest);  // collective: every rank checks every shard before any applies
+  checkpointer.load_checkpoint(manifest);  // collective: every rank checks every shard before any applies
   const std::string difference =
       holdpoint::describe_difference(saved_model, model_state.capture(holdpoint::CaptureMode::copy));
   if (!difference.empty()) std::cerr << "the model differs after the load: " << difference << "\n";

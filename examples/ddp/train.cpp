@@ -554,7 +554,7 @@ int rank_main(const Args& a) {
                                      a.resume.string() + ".sha256 does not start with 64 hex digits");
             }
           }
-          loaded = checkpointer.load(a.resume, load);
+          loaded = checkpointer.load_checkpoint(a.resume, load);
           source = a.resume.string();
         } else {
           loaded = checkpointer.resume(load);

@@ -32,7 +32,7 @@ DOCTOR = os.path.join(harness.BUILD_DIR, "holdpoint-doctor")
 DOCTOR_TIMEOUT_S = 120
 
 UNTRUSTED_OK = ["load_checkpoint_mapping", "TrainingState::load_model_state", "TrainingState::load_checkpoint",
-                "CheckpointManager::resume", "DistributedCheckpointer::load / resume"]
+                "CheckpointManager::resume", "DistributedCheckpointer::load_checkpoint / resume"]
 TRUSTED_ONLY = ["load_trusted_mapping", "TrainingState::load_trusted_checkpoint"]
 
 

@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
         root.insert(std::string(holdpoint::kManifestKey), shard_manifest.to_value());
         for (const auto& [name, state] : components) root.insert(name, state);
         holdpoint::SaveOptions save;
+        save.write_sidecar = false;  // shards have none: the step manifest records their digests
         save.torch_1_13_compatible = true;
         const auto saved = holdpoint::save_mapping(shard_directory / holdpoint::shard_file_name(rank),
                                                    holdpoint::Value::dict(std::move(root)), save);

@@ -522,7 +522,7 @@ TEST_F(DistributedCheckpoint, TamperedShardIsRejectedOnEveryRankWithStateUntouch
     DistributedCheckpointOptions options = options_with_counter();
     try {
       DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options);
-      checkpointer.load(run_ / "checkpoints" / "step-00000002.pt");
+      checkpointer.load_checkpoint(run_ / "checkpoints" / "step-00000002.pt");
     } catch (...) {
       EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, -1.0, at::kFloat)));
       EXPECT_EQ(setup.counter.value, -5);
@@ -547,7 +547,7 @@ TEST_F(DistributedCheckpoint, OneRanksRejectionRejectsTheLoadOnAllRanks) {
     setup.counter.reject = rank == 1;
     DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options_with_counter());
     try {
-      checkpointer.load(run_ / "checkpoints" / "step-00000002.pt");
+      checkpointer.load_checkpoint(run_ / "checkpoints" / "step-00000002.pt");
     } catch (...) {
       EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, -1.0, at::kFloat))) << "rank " << rank;
       throw;
@@ -568,7 +568,7 @@ TEST_F(DistributedCheckpoint, WrongExpectedDigestIsRejectedEverywhere) {
     DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options_with_counter());
     DistributedLoadOptions options;
     options.expected_sha256 = Sha256::of(testing::bytes_of("not the manifest"));
-    checkpointer.load(run_ / "checkpoints" / "step-00000002.pt", options);
+    checkpointer.load_checkpoint(run_ / "checkpoints" / "step-00000002.pt", options);
   });
   for (const auto& error : errors) {
     const auto e = error_of(error);
@@ -586,7 +586,7 @@ TEST_F(DistributedCheckpoint, ChangedWorldSizeNeedsPermissionAndAnUnqualifiedPro
   auto errors = run_ranks(1, [&](std::int64_t rank, c10d::ProcessGroup& group) {
     RankSetup setup(rank);
     DistributedCheckpointer checkpointer(group, setup.state, root_ / "one", options_with_counter());
-    checkpointer.load(manifest);
+    checkpointer.load_checkpoint(manifest);
   });
   ASSERT_TRUE(error_of(errors[0]));
   EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::distributed_world_size_changed);
@@ -595,7 +595,7 @@ TEST_F(DistributedCheckpoint, ChangedWorldSizeNeedsPermissionAndAnUnqualifiedPro
     RankSetup setup(rank);
     setup.state.set_profile(ResumeProfile::cpu_gloo_ddp_v1);
     DistributedCheckpointer checkpointer(group, setup.state, root_ / "two", options_with_counter());
-    checkpointer.load(manifest, allow_change());
+    checkpointer.load_checkpoint(manifest, allow_change());
   });
   ASSERT_TRUE(error_of(errors[0]));
   EXPECT_EQ(error_of(errors[0])->code(), ErrorCode::distributed_world_size_changed);
@@ -604,7 +604,7 @@ TEST_F(DistributedCheckpoint, ChangedWorldSizeNeedsPermissionAndAnUnqualifiedPro
     RankSetup setup(rank);
     setup.counter.value = -1;
     DistributedCheckpointer checkpointer(group, setup.state, root_ / "three", options_with_counter());
-    const auto report = checkpointer.load(manifest, allow_change());
+    const auto report = checkpointer.load_checkpoint(manifest, allow_change());
     EXPECT_TRUE(report.world_size_changed);
     EXPECT_EQ(report.saved_world_size, 2);
     EXPECT_EQ(report.rank_local_source, 0);
@@ -659,7 +659,7 @@ TEST_F(DistributedCheckpoint, QualifiedProfileRoundTripsWithSamplerAndGenerators
     const auto expected_draw = engine();
     sampler.next();
     engine();
-    checkpointer.load(run_ / "checkpoints" / "step-00000001.pt");
+    checkpointer.load_checkpoint(run_ / "checkpoints" / "step-00000001.pt");
     EXPECT_EQ(sampler.next(), expected_next);
     EXPECT_EQ(engine(), expected_draw);
   }));

@@ -63,7 +63,9 @@ TEST(MappingApi, SaveThenLoadRoundTripsContentAndDigest) {
   EXPECT_EQ(loaded.markers.archive_name, "archive");
   EXPECT_EQ(loaded.markers.version, std::optional<std::uint64_t>(3));
   EXPECT_EQ(loaded.markers.byteorder, std::optional<std::string>("little"));
-  EXPECT_EQ(count_files(dir.path()), 1u) << "no staging file may remain";
+  // The file and its sidecar (written by default), and no staging file.
+  EXPECT_EQ(count_files(dir.path()), 2u) << "no staging file may remain";
+  EXPECT_TRUE(std::filesystem::exists(dir / "state.pt.sha256"));
 }
 
 // More than 65,535 storages means more than 65,535 zip records: the end

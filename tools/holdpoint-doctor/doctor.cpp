@@ -91,7 +91,7 @@ std::vector<LoadApi> load_apis() {
        "schema-qualified full resume; validated before anything is applied; transactional; " + restricted},
       {"CheckpointManager::resume", Trust::untrusted_ok, true,
        "the newest valid generation of a run directory through TrainingState::load_checkpoint"},
-      {"DistributedCheckpointer::load / resume", Trust::untrusted_ok, kHaveDist,
+      {"DistributedCheckpointer::load_checkpoint / resume", Trust::untrusted_ok, kHaveDist,
        kHaveDist ? "every shard checked on every rank, ranks agree before applying; " + restricted
                  : "unavailable: this build has no holdpoint_dist (LibTorch without c10d headers)"},
       {"load_trusted_mapping", Trust::trusted_only, true,

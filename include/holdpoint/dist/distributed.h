@@ -147,7 +147,7 @@ class DistributedCheckpointer {
   // so training may continue at once, and runs the rest of save() on a
   // background thread over options.background (required: invalid_argument
   // without it). One save is in flight at a time: save_async, save, wait,
-  // load and resume first wait for the previous one and throw its failure.
+  // load_checkpoint and resume first wait for the previous one and throw its failure.
   void save_async(const GenerationSpec& spec);
   // Waits for the save in flight; returns its result (nullopt when none was
   // in flight) or throws its failure.
@@ -156,7 +156,8 @@ class DistributedCheckpointer {
   std::optional<DistributedLoadReport> resume(const DistributedLoadOptions& options = {});
   // Loads the sharded checkpoint whose step manifest is at `manifest_path`
   // (its shards beside it in step-N.shards/), on every rank.
-  DistributedLoadReport load(const std::filesystem::path& manifest_path, const DistributedLoadOptions& options = {});
+  DistributedLoadReport load_checkpoint(const std::filesystem::path& manifest_path,
+                                        const DistributedLoadOptions& options = {});
 
  private:
   struct Impl;

@@ -239,11 +239,6 @@ class RunDirectory {
   std::unique_ptr<Impl> impl_;
 };
 
-// The verifier commits use by default: the bytes parse with the restricted
-// reader and hold a holdpoint manifest that reads.
-void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
-                             const Limits& limits = {});
-
 // Compact JSON, the shapes `holdpoint ls`, `verify RUN` and export proofs
 // print (docs/cli.md), fields in this order (run_json.cpp):
 //   {"name", "step", "epoch", "kind", "size", "sha256", "saved_at",

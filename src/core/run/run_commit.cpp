@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/fail.h"
+#include "format/sidecar.h"
 #include "base/publish.h"
 #include "base/utc_time.h"
 #include "holdpoint/run/sharded_checkpoint.h"
@@ -64,7 +65,7 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     published = true;
     g.size = published_file.size;
     g.sha256 = published_file.sha256;
-    io::publish_text(dir, sidecar_name(g.name), run::sidecar_text(g), d.publish_options(true));
+    io::publish_text(dir, sidecar_name(g.name), format::sidecar_text(g.sha256, g.name), d.publish_options(true));
     if (d.options.commit_observer) d.options.commit_observer("published");
     auto next = d.committed;
     next.emplace(g.step, g);

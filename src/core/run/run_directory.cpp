@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "format/sidecar.h"
 #include "base/fail.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/schema/manifest.h"
@@ -50,12 +51,6 @@ std::optional<double> GenerationInfo::metric(std::string_view metric_name) const
   return std::nullopt;
 }
 
-// Still declared in run_directory.h while training_state.cpp calls it; it
-// goes when that caller uses schema::verify_checkpoint_bytes (issue 12).
-void verify_generation_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner,
-                             const Limits& limits) {
-  schema::verify_checkpoint_bytes(bytes, owner, limits);
-}
 
 // ---- RunDirectory::Impl: the plumbing the other units share ----------------------------------
 
@@ -131,7 +126,7 @@ GenerationCheck RunDirectory::Impl::check(const GenerationInfo& g, bool unreadab
       fail(ErrorCode::io_not_regular_file, "checkpoints/", g.name, " is not a regular file (never followed)");
     }
     if (const auto sidecar = read_small(*checkpoints, run::sidecar_name(g.name))) {
-      if (run::parse_sidecar(*sidecar, g.name) != g.sha256) {
+      if (format::parse_sidecar(*sidecar, g.name, ErrorCode::run_sidecar_invalid) != g.sha256) {
         fail(ErrorCode::sha256_mismatch, "the sidecar's digest differs from the recorded one ", g.sha256.hex());
       }
     }

@@ -64,23 +64,6 @@ std::pair<std::string, Sha256Digest> parse_pointer(const std::string& text, std:
   return {std::move(name), *digest};
 }
 
-std::string sidecar_text(const GenerationInfo& generation) {
-  return concat(generation.sha256.hex(), "  ", generation.name, "\n");
-}
-
-// sha256sum's format: "<64 hex>  <name>\n".
-Sha256Digest parse_sidecar(const std::string& text, const std::string& generation) {
-  const std::string expected_tail = concat("  ", generation, "\n");
-  if (text.size() != 64 + expected_tail.size() || text.compare(64, std::string::npos, expected_tail) != 0) {
-    fail(ErrorCode::run_sidecar_invalid, sidecar_name(generation), " is not '<sha256>  ", generation, "\\n'");
-  }
-  const auto digest = Sha256Digest::from_hex(std::string_view(text).substr(0, 64));
-  if (!digest || text.substr(0, 64) != digest->hex()) {
-    fail(ErrorCode::run_sidecar_invalid, sidecar_name(generation), " has no lowercase SHA-256 digest");
-  }
-  return *digest;
-}
-
 std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step) {
   return index_json(by_step).dump(1) + "\n";
 }

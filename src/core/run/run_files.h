@@ -6,7 +6,7 @@
 //   index.json                       schema holdpoint.run-index, version 1
 //
 // Each parser accepts exactly what the writer writes and rejects anything
-// else with its own code: run_pointer_invalid, run_sidecar_invalid,
+// else with its own code: run_pointer_invalid,
 // run_index_invalid.
 //
 // Thread-safety: plain functions.
@@ -34,8 +34,6 @@ namespace run {
 // `which` names the pointer in errors ("LATEST", "BEST").
 std::pair<std::string, Sha256Digest> parse_pointer(const std::string& text, std::string_view which);
 
-std::string sidecar_text(const GenerationInfo& generation);
-Sha256Digest parse_sidecar(const std::string& text, const std::string& generation);
 
 std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step);
 // By generation name.

@@ -14,11 +14,13 @@
 #include <string>
 #include <string_view>
 
+#include "format/sidecar.h"
+
 namespace holdpoint::run {
 
 inline constexpr std::string_view kGenerationSuffix = ".pt";
 inline constexpr std::string_view kShardDirectorySuffix = ".shards";
-inline constexpr std::string_view kSidecarSuffix = ".sha256";
+inline constexpr std::string_view kSidecarSuffix = format::kSidecarSuffix;  // format/sidecar.h
 inline constexpr std::string_view kDamagedSuffix = ".damaged";
 inline constexpr std::string_view kLockFile = ".holdpoint-lock";
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/fail.h"
+#include "format/sidecar.h"
 #include "base/publish.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "run/run_directory_impl.h"
@@ -422,7 +423,7 @@ GenerationCheck RunDirectory::Impl::adopt(GenerationInfo& g) const {
   try {
     std::optional<Sha256Digest> sidecar_digest;
     if (const auto sidecar = read_small(*checkpoints, sidecar_name(g.name))) {
-      sidecar_digest = run::parse_sidecar(*sidecar, g.name);
+      sidecar_digest = format::parse_sidecar(*sidecar, g.name, ErrorCode::run_sidecar_invalid);
     }
     const io::Snapshot snapshot = checkpoints->read(g.name, options.limits.max_file_bytes);
     g.sha256 = snapshot.sha256;

@@ -11,7 +11,7 @@
 #include "checkpoint/training_state_access.h"
 #include "base/fail.h"
 #include "format/pt_writer.h"
-#include "holdpoint/run/run_directory.h"
+#include "schema/checkpoint_bytes.h"
 #include "holdpoint/tensor/trusted_load.h"
 #include "holdpoint_version.h"
 
@@ -281,7 +281,7 @@ SaveResult TrainingState::save(const std::filesystem::path& path, const Checkpoi
         result.storage_count = counts.storage_count;
       },
       [](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
-        verify_generation_bytes(bytes, owner);
+        schema::verify_checkpoint_bytes(bytes, owner);
       });
 }
 

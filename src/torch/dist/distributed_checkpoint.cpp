@@ -545,10 +545,10 @@ std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const Distr
   if (!d.latest) return std::nullopt;
   DistributedLoadOptions load_options = options;
   load_options.expected_sha256 = d.latest->sha256;
-  return load(d.path / kCheckpointsDirectory / d.latest->name, load_options);
+  return load_checkpoint(d.path / kCheckpointsDirectory / d.latest->name, load_options);
 }
 
-DistributedLoadReport DistributedCheckpointer::load(const std::filesystem::path& manifest_path,
+DistributedLoadReport DistributedCheckpointer::load_checkpoint(const std::filesystem::path& manifest_path,
                                                     const DistributedLoadOptions& options) {
   Impl& d = *impl_;
   d.finish_background();
