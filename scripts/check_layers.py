@@ -4,7 +4,7 @@ direction (docs/architecture.md has the layers and the reasons for them).
 
     python3 scripts/check_layers.py [REPO_ROOT]
 
-Walks *.h, *.cpp and *.h.in under src/, include/, tools/ and examples/ (tests/,
+Walks *.h, *.cpp and *.h.in under src/, include/, tools/, examples/ and docs/examples/ (tests/,
 bench/ and fuzz/ may include anything), resolves each "..." and <...> include
 the way the build's include paths do, and prints one line per violation:
 
@@ -82,11 +82,12 @@ PROGRAMS: dict[str, tuple[str, bool, bool]] = {
     "tools/holdpoint":        ("CLI tools/holdpoint", False, False),
     "tools/holdpoint-doctor": ("tools/holdpoint-doctor", False, True),
     "examples":               ("examples", False, True),
+    "docs/examples":          ("docs/examples (docs/api.md)", False, True),
 }
 # Any other folder under tools/ gets this (public headers of any layer).
 OTHER_TOOL = (False, True)
 
-SCANNED_ROOTS = ("src", "include", "tools", "examples")
+SCANNED_ROOTS = ("src", "include", "tools", "examples", "docs/examples")
 SCANNED_SUFFIXES = (".h", ".cpp", ".h.in")
 
 # ---------------------------------------------------------------------------
@@ -420,7 +421,7 @@ def check(root: Path) -> tuple[list[Violation], int, int]:
     n_files = n_includes = 0
     scanned = sorted(
         rel for rel in tree.files
-        if rel.split("/", 1)[0] in SCANNED_ROOTS and rel.endswith(SCANNED_SUFFIXES)
+        if any(rel.startswith(top + "/") for top in SCANNED_ROOTS) and rel.endswith(SCANNED_SUFFIXES)
     )
     for rel in scanned:
         n_files += 1
