@@ -61,17 +61,14 @@
 #include <utility>
 #include <vector>
 
+#include "holdpoint/base/byte_sink.h"
+#include "holdpoint/base/file_system.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/base/error.h"
 #include "holdpoint/format/limits.h"
 #include "holdpoint/base/sha256.h"
 
 namespace holdpoint {
-
-namespace io {
-class ByteSink;
-class FileSystem;
-}  // namespace io
 
 inline constexpr std::string_view kCheckpointsDirectory = "checkpoints";
 inline constexpr std::string_view kLatestPointer = "LATEST";

@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "holdpoint/base/file_system.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/format/limits.h"
 #include "holdpoint/schema/manifest.h"
@@ -45,10 +46,6 @@
 #include "holdpoint/format/value.h"
 
 namespace holdpoint {
-
-namespace io {
-class Directory;
-}
 
 // "step-00000005.shards" and its inverse; "rank-00003.pt".
 std::string shard_directory_name(std::int64_t step);
