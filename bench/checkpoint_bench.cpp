@@ -278,8 +278,12 @@ int main(int argc, char** argv) {
   std::filesystem::path dir = std::filesystem::temp_directory_path();
   std::string python = "/usr/bin/python3";
   std::string script = std::string(HOLDPOINT_SOURCE_DIR) + "/bench/python_peer.py";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h" || i + 1 == argc) {
+      std::cerr << "usage: checkpoint_bench [--case big|many|all] [--repeat N] [--dir DIR] [--python PY]\n";
+      return flag == "--help" || flag == "-h" ? 0 : 2;
+    }
     if (flag == "--case") which = argv[i + 1];
     else if (flag == "--repeat") repeat = std::stoi(argv[i + 1]);
     else if (flag == "--dir") dir = argv[i + 1];

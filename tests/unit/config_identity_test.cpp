@@ -330,6 +330,29 @@ TEST(ConfigIdentityRejects, AFieldWithAnIntegerName) {
                     ErrorCode::config_invalid);
 }
 
+TEST(ConfigIdentityRejects, AMaxEpochsSetAsAnythingButANonNegativeInt) {
+  // max_epochs() reads it back as an int: a float, a str or a negative count is
+  // refused when set, not later when read.
+  TrainingConfig config = sample_config();
+  EXPECT_ERROR_CODE(config.operational("max_epochs", Value::floating(10)), ErrorCode::config_invalid);
+  EXPECT_ERROR_CODE(config.operational("max_epochs", Value::string("10")), ErrorCode::config_invalid);
+  EXPECT_ERROR_CODE(config.operational("max_epochs", Value::integer(-2)), ErrorCode::config_invalid);
+  EXPECT_EQ(config.max_epochs(), 10);
+  config.operational("max_epochs", Value::integer(12));
+  EXPECT_EQ(config.max_epochs(), 12);
+}
+
+TEST(ConfigIdentityRejects, AStoredFieldErrorNamesTheFieldWhereTheFileHasIt) {
+  try {
+    TrainingConfig::from_value(dict_of({{"load_bearing", dict_of({{"lr", Value::bytes("x")}})}}),
+                               "manifest.config");
+    FAIL() << "a bytes field was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::config_invalid);
+    EXPECT_NE(std::string(error.what()).find("manifest.config.load_bearing.lr"), std::string::npos) << error.what();
+  }
+}
+
 TEST(ConfigIdentityRejects, AStoredMaxEpochsThatIsAFloat) {
   EXPECT_ERROR_CODE(
       TrainingConfig::from_value(dict_of({{"operational", dict_of({{"max_epochs", Value::floating(10)}})}})),

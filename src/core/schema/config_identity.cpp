@@ -142,6 +142,11 @@ TrainingConfig& TrainingConfig::load_bearing(const std::string& key, Value value
 
 TrainingConfig& TrainingConfig::operational(const std::string& key, Value value) {
   check_config_value(value, "config.operational." + key);
+  // max_epochs() reads it back as an int; the resume rules compare it as one.
+  if (key == kMaxEpochs && (!value.is_int() || value.as_int() < 0)) {
+    fail(ErrorCode::config_invalid, "config.operational.max_epochs must be a non-negative int, not ",
+         canonical_json(value));
+  }
   operational_.insert_or_assign(key, std::move(value));
   return *this;
 }
@@ -209,16 +214,18 @@ TrainingConfig TrainingConfig::from_value(const Value& value, const std::string&
     if (!item.is_dict()) fail(ErrorCode::config_invalid, path, ".", key.as_string(), " is not a dict");
     for (const auto& [field, field_value] : item.as_dict()) {
       if (!field.is_string()) fail(ErrorCode::config_invalid, path, ".", key.as_string(), " has a non-str key");
-      if (key.as_string() == "load_bearing") {
-        config.load_bearing(field.as_string(), config_value(field_value));
-      } else {
-        config.operational(field.as_string(), config_value(field_value));
+      // Checked here too, so that errors name the field where the file has it.
+      const std::string field_path = path + "." + key.as_string() + "." + field.as_string();
+      Value converted = config_value(field_value);
+      check_config_value(converted, field_path);
+      if (key.as_string() == "operational" && field.as_string() == kMaxEpochs && !converted.is_int()) {
+        fail(ErrorCode::config_invalid, field_path, " is not an int");
       }
-    }
-  }
-  if (const auto epochs = value.as_dict().find(std::string_view("operational"))) {
-    if (const Value* m = epochs->as_dict().find(std::string_view(kMaxEpochs)); m && !m->is_int()) {
-      fail(ErrorCode::config_invalid, path, ".operational.max_epochs is not an int");
+      if (key.as_string() == "load_bearing") {
+        config.load_bearing(field.as_string(), std::move(converted));
+      } else {
+        config.operational(field.as_string(), std::move(converted));
+      }
     }
   }
   return config;
