@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev
-  libssl-dev zlib1g-dev libisal-dev
+  libssl-dev zlib1g-dev libisal-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libpcg-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang

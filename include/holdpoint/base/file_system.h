@@ -31,6 +31,27 @@
 #include "holdpoint/base/sha256.h"
 #include "holdpoint/base/snapshot.h"
 
+namespace holdpoint {
+
+// How a save checks the file it wrote, after writing and before the rename
+// makes it visible (docs/publication.md, "Read-back").
+enum class ReadBack : std::uint8_t {
+  // The default. The staging file is mapped from the page cache, without a
+  // copy or a second SHA-256 pass, and parsed; every zip record's CRC-32 is
+  // checked against the CRC computed from the source memory while writing.
+  // (A file without CRCs, such as safetensors, is re-read and re-hashed.)
+  // Proves the file system returns the bytes written, as far as the kernel's
+  // cache; it cannot see what the medium holds.
+  cached,
+  // Also fsyncs, drops the file's cached pages (posix_fadvise DONTNEED) and
+  // re-reads it from the device into private memory, re-computing the
+  // SHA-256: proves what the device returns. Costs one more read and one more
+  // SHA-256 pass.
+  device,
+};
+
+}  // namespace holdpoint
+
 namespace holdpoint::io {
 
 class WritableFile {
@@ -62,6 +83,14 @@ class Directory {
   virtual Snapshot read(const std::string& name, std::uint64_t max_bytes,
                         const std::optional<Sha256Digest>& expected = std::nullopt,
                         const ReadProgress& progress = {}) = 0;
+  // The regular file `name` mapped from the page cache, neither copied nor
+  // hashed (the snapshot's sha256 is left zero); writes to the buffer stay
+  // private. Only for a file this process has just written and no one else
+  // writes (publish's read-back). The default reads a private snapshot.
+  virtual Snapshot map(const std::string& name, std::uint64_t max_bytes) { return read(name, max_bytes); }
+  // Asks the kernel to drop the clean cached pages of `name`, so that the
+  // next read comes from the device. The default does nothing.
+  virtual void drop_cached_pages(const std::string& name) {}
   // Renames within this directory. Without `replace`, an existing `to` makes
   // the rename fail (io_rename_failed) and nothing changes.
   virtual void rename(const std::string& from, const std::string& to, bool replace) = 0;

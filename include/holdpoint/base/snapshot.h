@@ -32,6 +32,9 @@ namespace holdpoint::io {
 class Buffer {
  public:
   static std::shared_ptr<Buffer> allocate(std::size_t size);
+  // The first `size` bytes of the open file `fd`, mapped privately: reads
+  // share the page cache, writes copy (the file never changes).
+  static std::shared_ptr<Buffer> map_file(int fd, std::size_t size);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;

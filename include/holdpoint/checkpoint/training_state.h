@@ -72,6 +72,7 @@ struct TrainingEnvironment {
 struct CheckpointSaveOptions {
   bool durable = true;
   bool write_sidecar = true;
+  ReadBack read_back = ReadBack::cached;  // see SaveOptions
   // Python's torch 1.13 weights_only loader cannot read floats; see SaveOptions.
   bool torch_1_13_compatible = false;
 };

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "holdpoint/base/error.h"
+#include "holdpoint/base/file_system.h"
 #include "holdpoint/format/limits.h"
 #include "holdpoint/format/loaded_mapping.h"
 #include "holdpoint/base/sha256.h"
@@ -71,6 +72,9 @@ struct SaveOptions {
   // Also write `<path>.sha256` in sha256sum format (the default, as for every
   // save of holdpoint: a copy then carries its own corruption check).
   bool write_sidecar = true;
+  // How the written file is checked before it becomes visible (ReadBack in
+  // holdpoint/base/file_system.h; docs/publication.md).
+  ReadBack read_back = ReadBack::cached;
 };
 
 struct SaveResult {

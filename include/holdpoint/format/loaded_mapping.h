@@ -59,6 +59,10 @@ struct LoadedMapping {
   std::vector<std::string> warnings;
   FileFormat format = FileFormat::pytorch_zip;
   Sha256Digest sha256;
+  // True when `sha256` matched an expected digest (the caller's, a sidecar's
+  // or a run index's) before anything was parsed. The manifest's component
+  // digests then add no integrity and loads skip re-computing them.
+  bool digest_checked = false;
   std::uint64_t file_bytes = 0;
   FormatMarkers markers;
   std::vector<RecordInfo> records;

@@ -150,6 +150,7 @@ struct RunDirectoryOptions {
   std::optional<BestMetric> best_metric;  // what BEST and keep_best rank by
   RetentionPolicy retention;              // applied after each commit
   bool durable = true;                    // fsync files and directories
+  ReadBack read_back = ReadBack::cached;  // how a generation is checked before commit (docs/publication.md)
   Limits limits;                          // bounds of every verifying read
   std::function<void(const std::string&)> log;  // recovery and retention messages
   // Test instrumentation: called inside commit() with "published" once the

@@ -23,16 +23,19 @@
 // the field; another schema or version is schema_version_unsupported.
 //
 // A component's digest is the SHA-256 of a canonical encoding of its state in
-// which each tensor contributes its dtype, geometry and the SHA-256 of its
-// storage record, so writing a checkpoint hashes each tensor byte once, while
-// it streams.
+// which each tensor contributes its dtype, geometry and the digest of its
+// storage record (XXH3-128, or SHA-256 in files without "storage_digest"), so
+// writing a checkpoint digests each tensor byte once, while it streams, and
+// the one SHA-256 pass over the bytes is the whole file's.
 //
 // Thread-safety: plain value types.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +58,15 @@ struct ResumeDrift {
   std::int64_t to = 0;
   std::int64_t at_step = 0;
 };
+
+// How each storage's bytes enter a component digest: the manifest field
+// "storage_digest". Files written before it existed have no such field and
+// used SHA-256; current writers use XXH3-128, which is about 20x faster and
+// enough for identity because the whole-file SHA-256 authenticates the bytes
+// (docs/format.md, "What each digest proves").
+enum class StorageDigestKind : std::uint8_t { sha256, xxh3_128 };
+
+std::string_view storage_digest_name(StorageDigestKind kind) noexcept;
 
 struct ComponentRecord {
   std::string name;
@@ -91,6 +103,8 @@ struct Manifest {
   std::string data_identity;
   std::optional<ResumeDrift> last_resume_drift;
   std::optional<Sharding> sharding;  // exactly for kinds sharded and shard
+  // Written as "storage_digest" unless sha256 (the files that predate it).
+  StorageDigestKind storage_digest = StorageDigestKind::xxh3_128;
 
   const ComponentRecord* component(const std::string& name) const;
 
@@ -106,16 +120,26 @@ struct Manifest {
 // manifest from one with a bad manifest; the others use Manifest::of_root.
 const Value* find_manifest_entry(const Value& root);
 
-// SHA-256 of storages, by Storage::identity(), computed once and reused.
-class StorageDigests {
- public:
-  void set(const void* identity, const Sha256Digest& digest) { known_[identity] = digest; }
-  const Sha256Digest& of(const Storage& storage);
-
- private:
-  std::unordered_map<const void*, Sha256Digest> known_;
+// One storage's digest: 32 bytes of SHA-256 or 16 of XXH3-128.
+struct StorageDigest {
+  std::array<std::uint8_t, 32> bytes{};
+  std::uint8_t size = 0;
 };
 
+// Digests of storages, by Storage::identity(), computed once and reused.
+class StorageDigests {
+ public:
+  explicit StorageDigests(StorageDigestKind kind = StorageDigestKind::xxh3_128) : kind_(kind) {}
+  StorageDigestKind kind() const noexcept { return kind_; }
+  void set(const void* identity, const StorageDigest& digest) { known_[identity] = digest; }
+  const StorageDigest& of(const Storage& storage);
+
+ private:
+  StorageDigestKind kind_;
+  std::unordered_map<const void*, StorageDigest> known_;
+};
+
+// A component digest for the manifest's storage digest kind.
 Sha256Digest component_digest(const Value& state, StorageDigests& storages);
 
 }  // namespace holdpoint

@@ -88,6 +88,39 @@ class PosixDirectory final : public Directory {
     return read_snapshot_from_fd(fd, (path_ / name).string(), max_bytes, expected, progress);
   }
 
+  Snapshot map(const std::string& name, std::uint64_t max_bytes) override {
+    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot stat", errno);
+    if (!S_ISREG(info.st_mode)) {
+      throw Error(ErrorCode::io_not_regular_file, "not a regular file").with_path((path_ / name).string());
+    }
+    const auto size = static_cast<std::uint64_t>(info.st_size);
+    if (size > max_bytes) {
+      throw Error(ErrorCode::file_too_large, detail::concat("file is ", size, " bytes, above the limit of ", max_bytes))
+          .with_path((path_ / name).string());
+    }
+    Snapshot snapshot;
+    try {
+      snapshot.buffer = Buffer::map_file(fd, static_cast<std::size_t>(size));
+    } catch (const Error& error) {
+      throw error.with_path((path_ / name).string());
+    }
+    return snapshot;
+  }
+
+  void drop_cached_pages(const std::string& name) override {
+    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+
   void rename(const std::string& from, const std::string& to, bool replace) override {
     if (replace) {
       if (::renameat(fd_, from.c_str(), fd_, to.c_str()) != 0) {

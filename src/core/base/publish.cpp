@@ -76,13 +76,24 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
       result.sha256 = writer.finish();
       result.size = writer.position();
     }
-    if (options.durable) file->sync();
+    const bool device = options.read_back == ReadBack::device;
+    if (options.durable || device) file->sync();
     file->close();
     file.reset();
     // Read back what the file system now holds: the bytes must be the bytes
     // written, and they must verify, before the target name points at them.
-    Snapshot snapshot = directory.read(staging, options.max_bytes, result.sha256);
-    if (verify) verify(snapshot.buffer->bytes(), snapshot.buffer);
+    if (!device && verify && options.verifier_checks_content && !options.small) {
+      Snapshot mapped = directory.map(staging, options.max_bytes);
+      if (mapped.buffer->size() != result.size) {
+        detail::fail(ErrorCode::file_changed_during_read, "the staging file holds ", mapped.buffer->size(),
+                     " bytes; ", result.size, " were written");
+      }
+      verify(mapped.buffer->bytes(), mapped.buffer);
+    } else {
+      if (device) directory.drop_cached_pages(staging);
+      Snapshot snapshot = directory.read(staging, options.max_bytes, result.sha256);
+      if (verify) verify(snapshot.buffer->bytes(), snapshot.buffer);
+    }
     directory.rename(staging, target, options.replace);
   } catch (...) {
     file.reset();

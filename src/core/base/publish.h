@@ -5,9 +5,12 @@
 //      directory's descriptor);
 //   2. stream the content into it while SHA-256 is computed on a second thread;
 //   3. fsync and close it;
-//   4. re-open it and read it back into private memory, checking that the bytes
-//      hash to the streamed digest, then run the caller's verifier on them
-//      (bounded parse + schema);
+//   4. read it back and run the caller's verifier on what the file system
+//      returns (bounded parse + schema). How depends on ReadBack: `cached`
+//      maps the page cache and relies on the verifier to check the content
+//      (zip records' CRC-32s) when the caller says it does, and otherwise
+//      re-reads into private memory and re-hashes; `device` drops the cached
+//      pages first and always re-reads and re-hashes;
 //   5. rename it to the target, without replacing an existing file unless asked
 //      (generations never replace; pointer files do);
 //   6. fsync the directory.
@@ -46,6 +49,10 @@ struct PublishOptions {
   // for small files (pointers, sidecars, indexes), where those cost more
   // than the hashing they overlap. publish_text sets it.
   bool small = false;
+  ReadBack read_back = ReadBack::cached;
+  // The verifier checks every content byte (a zip's record CRC-32s), so the
+  // cached read-back need not re-hash.
+  bool verifier_checks_content = false;
 };
 
 using PublishVerifier = std::function<void(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner)>;

@@ -53,6 +53,18 @@ std::shared_ptr<Buffer> Buffer::allocate(std::size_t size) {
   return std::shared_ptr<Buffer>(new Buffer(static_cast<std::byte*>(memory), size, mapped));
 }
 
+std::shared_ptr<Buffer> Buffer::map_file(int fd, std::size_t size) {
+  if (size == 0) return allocate(0);
+  void* memory = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (memory == MAP_FAILED) {
+    fail(ErrorCode::io_read_failed, "cannot map ", size, " bytes of the file: ", std::strerror(errno));
+  }
+  // One call maps the cached pages instead of one fault per page; kernels
+  // before 5.14 ignore the advice and fault on access.
+  ::madvise(memory, size, MADV_POPULATE_READ);
+  return std::shared_ptr<Buffer>(new Buffer(static_cast<std::byte*>(memory), size, size));
+}
+
 Buffer::~Buffer() { ::munmap(data_, mapped_); }
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,

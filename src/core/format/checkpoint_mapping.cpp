@@ -48,6 +48,7 @@ LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const L
     auto buffer = snapshot.buffer;
     LoadedMapping mapping = parse_checkpoint_bytes(buffer->bytes(), buffer, options.limits);
     mapping.sha256 = snapshot.sha256;
+    mapping.digest_checked = options.expected_sha256.has_value();
     return mapping;
   } catch (const Error& error) {
     throw error.with_path(path.string());
@@ -104,6 +105,8 @@ SaveResult publish_file(const std::filesystem::path& path, const PublishOptions&
     io::PublishOptions publish_options;
     publish_options.replace = options.replace;
     publish_options.durable = options.durable;
+    publish_options.read_back = options.read_back;
+    publish_options.verifier_checks_content = options.zip_records;
     const io::PublishVerifier default_verify = [](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
       parse_checkpoint_bytes(bytes, owner);
     };
@@ -130,7 +133,12 @@ SaveResult save_mapping(const std::filesystem::path& path, const Value& root, co
     throw Error(ErrorCode::invalid_argument, "the legacy PyTorch stream is read-only; save as pytorch_zip")
         .with_path(path.string());
   }
-  return detail::publish_file(path, {options.durable, options.write_sidecar}, [&](io::ByteSink& sink, SaveResult& result) {
+  detail::PublishOptions publish_options;
+  publish_options.durable = options.durable;
+  publish_options.write_sidecar = options.write_sidecar;
+  publish_options.read_back = options.read_back;
+  publish_options.zip_records = options.format == FileFormat::pytorch_zip;
+  return detail::publish_file(path, publish_options, [&](io::ByteSink& sink, SaveResult& result) {
     if (options.format == FileFormat::safetensors) {
       format::write_safetensors(sink, root);
       result.tensor_count = root.as_dict().size();

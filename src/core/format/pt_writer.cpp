@@ -52,13 +52,13 @@ PtWriteResult write_pt_storages_first(io::ByteSink& sink, const Value& provision
   try {
     std::vector<WrittenStorage> written;
     written.reserve(provisional.storages.size());
-    Sha256 hasher;
+    io::Xxh3_128 hasher;
     for (const PickledStorage& storage : provisional.storages) {
       // Storages the torch 1.13 mode makes for floats and bytes are new on
       // every pickling; the final pickle's are written after it is known.
       if (storage.synthesized) continue;
       zip.begin_record("data/" + storage.key, storage.nbytes);
-      // Hash in pieces that are still in cache when the sink copies them.
+      // Digest in pieces that are still in cache when the sink copies them.
       const auto bytes = storage.storage->bytes().first(storage.nbytes);
       constexpr std::size_t kPiece = std::size_t{4} << 20;
       for (std::size_t done = 0; done < bytes.size(); done += kPiece) {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "holdpoint/format/limits.h"
-#include "holdpoint/base/sha256.h"
+#include "base/xxh3.h"
 #include "holdpoint/format/value.h"
 #include "holdpoint/base/byte_sink.h"
 
@@ -37,15 +37,16 @@ struct PtWriteResult {
 
 PtWriteResult write_pt(io::ByteSink& sink, const Value& root, const PtWriteOptions& options = {});
 
-// One storage record written by write_pt_storages_first, with the SHA-256 of
-// its bytes computed while they streamed.
+// One storage record written by write_pt_storages_first, with the XXH3-128 of
+// its bytes computed while they streamed (the storage digest of a manifest's
+// component digests; the whole file's SHA-256 is computed by the sink).
 struct WrittenStorage {
   std::string key;           // "0", "1", ...
   const void* identity = nullptr;  // Storage::identity()
-  Sha256Digest sha256;
+  io::Xxh3Digest xxh3{};
 };
 
-// Writes the storage records first, hashing each as it streams, then asks
+// Writes the storage records first, digesting each as it streams, then asks
 // `final_root` for the root to pickle (a checkpoint's manifest carries the
 // digests of what was just written) and writes data.pkl, byteorder and
 // version last: one pass over the tensor bytes. The final root must reference

@@ -20,6 +20,10 @@ struct PublishOptions {
   // save_mapping replaces an existing file, like torch.save; run directories
   // never replace a generation.
   bool replace = true;
+  ReadBack read_back = ReadBack::cached;
+  // The file is a zip archive whose verifier checks every record's CRC-32, so
+  // the cached read-back may map the page cache instead of re-hashing.
+  bool zip_records = true;
 };
 
 // `write` streams the file's bytes into the sink and may fill the counts of

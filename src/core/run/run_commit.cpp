@@ -57,6 +57,9 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     generation_options.replace = false;  // generations are never overwritten
     generation_options.durable = d.options.durable;
     generation_options.max_bytes = d.options.limits.max_file_bytes;
+    generation_options.read_back = d.options.read_back;
+    // The default verifier parses the generation, checking every record's CRC-32.
+    generation_options.verifier_checks_content = !verify;
     const auto published_file =
         io::publish(dir, g.name, generation_options, write,
                     verify ? verify : Verifier([&d](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {

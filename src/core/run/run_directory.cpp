@@ -246,6 +246,7 @@ LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
     io::Snapshot snapshot = d.checkpoints->read(generation.name, d.options.limits.max_file_bytes, generation.sha256);
     LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, d.options.limits);
     mapping.sha256 = snapshot.sha256;
+    mapping.digest_checked = true;  // against the run index's record
     return mapping;
   } catch (const Error& error) {
     d.rethrow_with_run(error);

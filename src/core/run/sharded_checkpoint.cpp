@@ -338,7 +338,7 @@ LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_
     fail(ErrorCode::component_unknown, label, "'s manifest lists components its step manifest does not");
   }
   if (check_component_digests) {
-    StorageDigests digests;
+    StorageDigests digests(own.storage_digest);
     for (const auto& name_ : expected) {
       if (component_digest(root.as_dict().at(name_), digests) != own.component(name_)->sha256) {
         fail(ErrorCode::component_digest_mismatch, label, ": component '", name_,

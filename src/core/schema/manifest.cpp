@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "base/fail.h"
+#include "base/xxh3.h"
 
 namespace holdpoint {
 
@@ -90,6 +91,7 @@ class ManifestFields {
 const std::initializer_list<std::string_view> kTopFields = {
     "schema",     "schema_version", "kind",       "semantic_identity", "profile",         "config", "config_identity",
     "components", "versions",       "code_identity", "data_identity", "last_resume_drift"};
+constexpr std::string_view kStorageDigestField = "storage_digest";
 
 // Bounds that keep a hostile manifest from asking for absurd work.
 constexpr std::int64_t kMaxWorldSize = 1 << 16;
@@ -202,6 +204,9 @@ Value Manifest::to_value() const {
   out.insert("code_identity", Value::string(code_identity));
   out.insert("data_identity", Value::string(data_identity));
   out.insert("last_resume_drift", drift);
+  if (storage_digest != StorageDigestKind::sha256) {
+    out.insert(std::string(kStorageDigestField), Value::string(std::string(storage_digest_name(storage_digest))));
+  }
   if (sharding) {
     Dict entry;
     entry.insert("world_size", Value::integer(sharding->world_size));
@@ -249,9 +254,18 @@ Manifest Manifest::from_value(const Value& value) {
     fail(ErrorCode::schema_version_unsupported, kManifestKey, ".schema_version is ", top.integer("schema_version"),
          "; this build reads version ", kCheckpointSchemaVersion);
   }
-  top.check_keys(kTopFields, {"sharding"});
+  top.check_keys(kTopFields, {"sharding", kStorageDigestField});
 
   Manifest manifest;
+  manifest.storage_digest = StorageDigestKind::sha256;
+  if (value.as_dict().find(kStorageDigestField)) {
+    const std::string name = top.string(kStorageDigestField);
+    if (name != storage_digest_name(StorageDigestKind::xxh3_128)) {
+      fail(ErrorCode::schema_field_invalid, kManifestKey, ".", kStorageDigestField, " is '", name.substr(0, 32),
+           "', not '", storage_digest_name(StorageDigestKind::xxh3_128), "' (absent means sha256)");
+    }
+    manifest.storage_digest = StorageDigestKind::xxh3_128;
+  }
   const std::string kind = top.string("kind");
   if (kind == "resume") {
     manifest.kind = CheckpointKind::resume;
@@ -334,9 +348,24 @@ Manifest Manifest::of_root(const Value& root) {
 
 // ---- component digests ------------------------------------------------------------------
 
-const Sha256Digest& StorageDigests::of(const Storage& storage) {
+std::string_view storage_digest_name(StorageDigestKind kind) noexcept {
+  return kind == StorageDigestKind::sha256 ? "sha256" : "xxh3-128";
+}
+
+const StorageDigest& StorageDigests::of(const Storage& storage) {
   auto [it, inserted] = known_.try_emplace(storage.identity());
-  if (inserted) it->second = Sha256::of(storage.bytes());
+  if (inserted) {
+    StorageDigest& digest = it->second;
+    if (kind_ == StorageDigestKind::sha256) {
+      const Sha256Digest sha = Sha256::of(storage.bytes());
+      std::copy(sha.bytes.begin(), sha.bytes.end(), digest.bytes.begin());
+      digest.size = 32;
+    } else {
+      const io::Xxh3Digest xxh = io::Xxh3_128::of(storage.bytes());
+      std::copy(xxh.begin(), xxh.end(), digest.bytes.begin());
+      digest.size = 16;
+    }
+  }
   return it->second;
 }
 
@@ -394,7 +423,8 @@ class DigestEncoder {
         u64(static_cast<std::uint64_t>(t.storage_offset));
         tag(t.requires_grad ? 'T' : 'F');
         u64(t.storage->nbytes());
-        hasher_.update(storages_.of(*t.storage).bytes.data(), 32);
+        const StorageDigest& digest = storages_.of(*t.storage);
+        hasher_.update(digest.bytes.data(), digest.size);
         return;
       }
     }

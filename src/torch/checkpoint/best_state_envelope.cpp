@@ -8,6 +8,7 @@
 
 #include "base/fail.h"
 #include "format/pt_writer.h"
+#include "schema/written_storage_digests.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/state/component.h"
 #include "holdpoint/schema/manifest.h"
@@ -89,7 +90,7 @@ SelectionEnvelope envelope_from_root(const Value& root) {
     fail(ErrorCode::component_unknown, "the manifest records ", manifest.components.size(),
          " components; an envelope has 'model' and 'selection'");
   }
-  StorageDigests digests;
+  StorageDigests digests(manifest.storage_digest);
   for (const auto& record : manifest.components) {
     const Value& state = top.at(record.name);
     if (component_digest(state, digests) != record.sha256) {
@@ -149,8 +150,7 @@ void write_envelope(io::ByteSink& sink, const SelectionRecord& record, const std
   format::write_pt_storages_first(
       sink, Value::dict(body),
       [&](const std::vector<format::WrittenStorage>& written) {
-        StorageDigests digests;
-        for (const auto& storage : written) digests.set(storage.identity, storage.sha256);
+        StorageDigests digests = schema::written_storage_digests(written);
         for (const auto& [name, value] : components) {
           manifest.components.push_back({name, component_digest(value, digests), contract_of(value)});
         }

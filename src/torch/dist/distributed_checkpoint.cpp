@@ -434,6 +434,8 @@ void DistributedCheckpointer::Impl::write_shard(SaveRound& round) {
   publish_options.replace = false;
   publish_options.durable = options.run.durable;
   publish_options.max_bytes = options.run.limits.max_file_bytes;
+  publish_options.read_back = options.run.read_back;
+  publish_options.verifier_checks_content = true;  // the shard is parsed, CRC-32s included
   const Limits limits = options.run.limits;
   round.shard = io::publish(
       *directory, shard_file_name(rank), publish_options, [&](io::ByteSink& sink) { shard.write(sink); },
