@@ -8,14 +8,24 @@
 //                       0, 1, 8, 24 and 64 bytes, so the pickle VM and the
 //                       storage/tensor checks are fuzzed behind a valid zip;
 //   anything else       the whole input is the file.
+//
+// The same file is then scanned (scan_checkpoint, holdpoint/format/scan.h)
+// through a memfd: it must reach the same verdict, code and records without
+// holding the file.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "format/zip/zip_writer.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/scan.h"
 #include "holdpoint/base/error.h"
 #include "holdpoint/base/byte_sink.h"
 
@@ -64,6 +74,43 @@ void touch(const holdpoint::Value& value, std::uint64_t& checksum) {
   }
 }
 
+// A reading's verdict: the code, or what it found (format, records).
+struct Verdict {
+  std::optional<holdpoint::ErrorCode> code;
+  std::string records;
+  bool operator==(const Verdict&) const = default;
+};
+
+Verdict verdict_of(const holdpoint::LoadedMapping& mapping) {
+  Verdict verdict;
+  verdict.records = std::string(holdpoint::file_format_name(mapping.format)) + mapping.markers.producer;
+  for (const auto& record : mapping.records) {
+    verdict.records += record.name + ":" + std::to_string(record.offset) + "+" + std::to_string(record.size) + ";";
+  }
+  return verdict;
+}
+
+// scan_checkpoint of `file` through an anonymous in-memory file.
+Verdict scanned(const std::vector<std::byte>& file) {
+  const int fd = ::memfd_create("scan_fuzz", MFD_CLOEXEC);
+  if (fd < 0) __builtin_trap();
+  for (std::size_t done = 0; done < file.size();) {
+    const ssize_t n = ::write(fd, file.data() + done, file.size() - done);
+    if (n <= 0) __builtin_trap();
+    done += static_cast<std::size_t>(n);
+  }
+  Verdict verdict;
+  try {
+    holdpoint::LoadOptions options;
+    options.limits = fuzz_limits();
+    verdict = verdict_of(holdpoint::scan_checkpoint("/proc/self/fd/" + std::to_string(fd), options));
+  } catch (const holdpoint::Error& error) {
+    verdict.code = error.code();
+  }
+  ::close(fd);
+  return verdict;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -73,12 +120,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     file->assign(reinterpret_cast<const std::byte*>(data), reinterpret_cast<const std::byte*>(data) + size);
   }
+  Verdict verdict;
   try {
     const auto mapping = holdpoint::parse_checkpoint_bytes(*file, file, fuzz_limits());
+    verdict = verdict_of(mapping);
     std::uint64_t checksum = 0;
     touch(mapping.root, checksum);
-  } catch (const holdpoint::Error&) {
+  } catch (const holdpoint::Error& error) {
     // Rejection with a code is the expected outcome for most inputs.
+    verdict.code = error.code();
   }
+  // parse_checkpoint_bytes has no file to open: an empty input is file_empty
+  // both ways.
+  if (!(scanned(*file) == verdict)) __builtin_trap();
   return 0;
 }

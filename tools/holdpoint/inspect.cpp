@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/scan.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "value_json.h"
 
@@ -177,8 +178,17 @@ int run_inspect(const InspectArguments& args) {
   try {
     LoadOptions options;
     options.progress = terminal_progress("reading " + args.file);
-    mapping = load_checkpoint_mapping(args.file, options);
+    // Without --digests no tensor byte is shown, so the file is streamed and
+    // memory stays bounded whatever its size; --digests needs the bytes.
+    mapping = args.digests ? load_checkpoint_mapping(args.file, options) : scan_checkpoint(args.file, options);
     if (is_sharded_manifest(mapping)) {
+      if (!args.digests) {
+        // A step manifest is small, and its manifest may hold tensors whose
+        // bytes are read (floats of a torch 1.13-compatible file).
+        LoadOptions manifest_options;
+        manifest_options.expected_sha256 = mapping.sha256;
+        mapping = load_checkpoint_mapping(args.file, manifest_options);
+      }
       // The shards are read (sizes, SHA-256, identity, component digests)
       // against the step manifest just read, which must not have changed.
       ShardedReadOptions read_options;
@@ -278,7 +288,9 @@ void add_inspect_command(CLI::App& app, int& exit_code) {
   CLI::App* command = app.add_subcommand("inspect", "Show the keys, dtypes, shapes, records and digest of FILE");
   command->add_option("file", args->file, "a .pt or .safetensors file")->required();
   command->add_flag("--json", args->json, "print JSON (the canonical value encoding of docs/cli.md)");
-  command->add_flag("--digests", args->digests, "with --json: add the SHA-256 of each tensor's elements");
+  command->add_flag("--digests", args->digests,
+                    "with --json: add the SHA-256 of each tensor's elements (reads FILE whole into memory; without "
+                    "it, inspect streams FILE in bounded memory)");
   command->add_flag("--all-records", args->all_records, "list every record, not just the first 20");
   command->add_option("--max-items", args->max_items, "container items shown per level (default 50)");
   command->callback([args, &exit_code] { exit_code = run_inspect(*args); });

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/scan.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "run_directory_output.h"
@@ -169,8 +170,17 @@ int run_verify(const VerifyArguments& args) {
     options.progress = terminal_progress("reading " + args.file);
     if (!args.sha256.empty()) options.expected_sha256 = Sha256Digest::parse(args.sha256);
     if (args.sidecar) options.expected_sha256 = read_sha256_sidecar(args.file);
-    const LoadedMapping mapping = load_checkpoint_mapping(args.file, options);
-    if (is_sharded_manifest(mapping)) return verify_sharded(args, mapping, options.expected_sha256.has_value());
+    // Streams the file: memory stays bounded whatever its size.
+    const LoadedMapping mapping = scan_checkpoint(args.file, options);
+    if (is_sharded_manifest(mapping)) {
+      // A step manifest is small, and reading its manifest may need tensor
+      // bytes (floats of a torch 1.13-compatible file are 0-d tensors): read
+      // it into memory, pinned to the digest just computed.
+      LoadOptions manifest_options;
+      manifest_options.expected_sha256 = mapping.sha256;
+      return verify_sharded(args, load_checkpoint_mapping(args.file, manifest_options),
+                            options.expected_sha256.has_value());
+    }
     report["valid"] = true;
     report["format"] = std::string(file_format_name(mapping.format));
     report["sha256"] = mapping.sha256.hex();

@@ -31,7 +31,7 @@ namespace holdpoint {
   X(io_sync_failed, "fsync of a file or directory failed")                                     \
   X(io_rename_failed, "renaming the staged file into place failed")                            \
   X(io_not_regular_file, "the path is not a regular file")                                     \
-  X(file_changed_during_read, "the file changed size while it was being read")                 \
+  X(file_changed_during_read, "the file changed (size or bytes) while it was being read")      \
   X(file_too_large, "the file is larger than Limits::max_file_bytes")                          \
   X(file_empty, "the file is empty")                                                           \
   X(sha256_mismatch, "the SHA-256 of the file differs from the expected digest")               \

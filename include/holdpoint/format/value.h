@@ -16,8 +16,9 @@
 // into a Storage, an untyped byte range kept alive by an owner. Tensors read
 // from a file are zero-copy views into the loaded snapshot buffer and keep it
 // alive; tensors captured from LibTorch (torch_tensor.h) keep the at::Storage
-// alive. Two views of one storage share one Storage object, which writers emit
-// as a single record.
+// alive; tensors from scan_checkpoint have sizes but no bytes
+// (Storage::absent). Two views of one storage share one Storage object, which
+// writers emit as a single record.
 //
 // Thread-safety: const access from several threads is safe; mutation is not.
 #pragma once
@@ -46,18 +47,31 @@ class Storage {
 
   // A storage that owns a private copy of `bytes`.
   static std::shared_ptr<const Storage> copy_of(std::span<const std::byte> bytes);
+  // A storage of `nbytes` bytes that were checked but not kept: what
+  // scan_checkpoint (holdpoint/format/scan.h) gives tensors. It has a size
+  // and an identity; asking for its bytes (data(), bytes(), and so a
+  // tensor's contiguous_bytes() or Value::as_number()) throws
+  // Error(invalid_argument) instead of reading memory that is not there.
+  static std::shared_ptr<const Storage> absent(std::size_t nbytes);
 
-  const std::byte* data() const noexcept { return data_; }
+  bool has_bytes() const noexcept { return !absent_; }
+  const std::byte* data() const {
+    if (absent_) throw_absent();
+    return data_;
+  }
   std::size_t nbytes() const noexcept { return nbytes_; }
-  std::span<const std::byte> bytes() const noexcept { return {data_, nbytes_}; }
+  std::span<const std::byte> bytes() const { return {data(), nbytes_}; }
   const std::shared_ptr<const void>& owner() const noexcept { return owner_; }
   const void* identity() const noexcept { return identity_ ? identity_ : this; }
 
  private:
+  [[noreturn]] void throw_absent() const;
+
   const std::byte* data_;
   std::size_t nbytes_;
   std::shared_ptr<const void> owner_;
   const void* identity_;
+  bool absent_ = false;
 };
 
 struct TensorData {

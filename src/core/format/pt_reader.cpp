@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <thread>
 #include <string>
 #include <string_view>
@@ -44,6 +45,21 @@ bool is_canonical_decimal(std::string_view text, std::size_t max_digits) {
   return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The records other than data.pkl and data/<key>: each holds a short text.
+bool is_small_record(std::string_view record) {
+  return record == "version" || record == ".data/version" || record == "byteorder" || record == ".format_version" ||
+         record == ".storage_alignment" || record == ".data/serialization_id";
+}
+
+// The text of a small record, refused by its size (with `code`, the code its
+// content check would give) before its bytes are read.
+std::string_view small_record_text(ZipRecordSource& source, const ZipEntry& entry, ErrorCode code) {
+  if (entry.size > kMaxSmallRecordBytes) {
+    fail(code, "record '", entry.record, "' is ", entry.size, " bytes; a valid one has at most ", kMaxSmallRecordBytes);
+  }
+  return as_text(source.record_bytes(entry));
+}
+
 // "3" or "3\n" as torch writes the version records; the value must fit 64 bits.
 std::uint64_t parse_decimal_record(std::string_view text, ErrorCode code, std::string_view record) {
   if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
@@ -75,11 +91,34 @@ std::size_t swap_unit(DType dtype) {
   }
 }
 
+// The file in memory: records are read in place, storages are zero-copy views
+// that keep `owner` alive. The snapshot is private, so a big-endian archive's
+// storages are swapped to little-endian in place, once per storage.
+class MemoryRecordSource final : public ZipRecordSource {
+ public:
+  MemoryRecordSource(std::span<std::byte> file, const std::shared_ptr<const void>& owner)
+      : file_(file), owner_(owner) {}
+
+  std::span<const std::byte> record_bytes(const ZipEntry& entry) override {
+    return file_.subspan(entry.data_offset, entry.size);
+  }
+
+  std::shared_ptr<const Storage> storage(const ZipEntry& entry, const StorageRequest& request,
+                                         bool big_endian) override {
+    auto bytes = file_.subspan(entry.data_offset, entry.size);
+    if (big_endian) swap_to_little_endian(bytes, swap_unit(request.dtype));
+    return std::make_shared<const Storage>(bytes.data(), bytes.size(), owner_);
+  }
+
+ private:
+  std::span<std::byte> file_;
+  std::shared_ptr<const void> owner_;
+};
+
 class ZipStorageResolver final : public StorageResolver {
  public:
-  ZipStorageResolver(std::span<std::byte> file, const ZipArchive& archive, const std::shared_ptr<const void>& owner,
-                     bool big_endian)
-      : file_(file), archive_(archive), owner_(owner), big_endian_(big_endian), referenced_(archive.entries.size()) {}
+  ZipStorageResolver(const ZipArchive& archive, ZipRecordSource& source, bool big_endian)
+      : archive_(archive), source_(source), big_endian_(big_endian), referenced_(archive.entries.size()) {}
 
   std::shared_ptr<const Storage> resolve(const StorageRequest& request) override {
     const std::string record = "data/" + request.key;
@@ -95,27 +134,23 @@ class ZipStorageResolver final : public StorageResolver {
            dtype_name(request.dtype), " elements (", *expected, " bytes) but record ", record, " holds ", entry->size,
            " bytes");
     }
-    auto bytes = file_.subspan(entry->data_offset, entry->size);
-    if (big_endian_) {
-      // An untyped storage learns its dtype only at _rebuild_tensor_v3, too
-      // late to swap it once; torch writes big-endian archives only on
-      // big-endian hosts, so this combination is refused rather than guessed.
-      if (request.untyped) {
-        fail(ErrorCode::byteorder_unsupported, "storage '", request.key,
-             "': big-endian archives with untyped storages are not supported");
-      }
-      swap_to_little_endian(bytes, swap_unit(request.dtype));
+    // An untyped storage learns its dtype only at _rebuild_tensor_v3, too
+    // late to swap it once; torch writes big-endian archives only on
+    // big-endian hosts, so this combination is refused rather than guessed.
+    if (big_endian_ && request.untyped) {
+      fail(ErrorCode::byteorder_unsupported, "storage '", request.key,
+           "': big-endian archives with untyped storages are not supported");
     }
+    auto storage = source_.storage(*entry, request, big_endian_);
     referenced_[static_cast<std::size_t>(entry - archive_.entries.data())] = true;
-    return std::make_shared<const Storage>(bytes.data(), bytes.size(), owner_);
+    return storage;
   }
 
   bool referenced(std::size_t entry_index) const { return referenced_[entry_index]; }
 
  private:
-  std::span<std::byte> file_;
   const ZipArchive& archive_;
-  std::shared_ptr<const void> owner_;
+  ZipRecordSource& source_;
   bool big_endian_;
   std::vector<bool> referenced_;  // by entry index
 };
@@ -128,31 +163,14 @@ std::string describe_producer(const FormatMarkers& markers) {
   return "torch 1.6-2.0, or another writer that omits byteorder (LibTorch pickle_save)";
 }
 
-ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> file,
-                             const std::shared_ptr<const void>& owner, const Limits& limits);
-
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
-                               const Limits& limits) {
+                               const Limits& limits,
+                               const std::function<void()>& before_in_place_write) {
   // TorchScript archives are named as such even when they would fail a zip
   // check first (their code/ records are often deflated).
-  const ZipArchive archive = read_zip_directory(file, limits, [](std::string_view name) {
-    const std::size_t slash = name.find('/');
-    const std::string_view record = slash == std::string_view::npos ? name : name.substr(slash + 1);
-    if (is_torchscript_record(record)) {
-      fail(ErrorCode::torchscript_archive, "record '", record.substr(0, 128),
-           "' marks a TorchScript/torch.package archive; it holds code, not just weights");
-    }
-  });
-  for (const ZipEntry& entry : archive.entries) {
-    const std::string_view record = entry.record;
-    const bool known = record == "data.pkl" || record == "version" || record == ".data/version" ||
-                       record == "byteorder" || record == ".format_version" || record == ".storage_alignment" ||
-                       record == ".data/serialization_id";
-    if (known) continue;
-    if (record.starts_with("data/") && is_canonical_decimal(record.substr(5), 19)) continue;
-    fail(ErrorCode::record_unknown, "record '", record, "' (entry ", &entry - archive.entries.data(),
-         ") is not one a weights checkpoint has");
-  }
+  const ZipArchive archive = read_zip_directory(file, limits, screen_torchscript_record);
+  check_record_names(archive);
+  MemoryRecordSource source(file, owner);
 
   // CRC-32 verification reads every payload byte while the records are
   // interpreted and the pickle runs; neither reads what the other writes, with
@@ -161,10 +179,11 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // records said, so a damaged record is reported as damage, not as a strange
   // value.
   const ZipEntry* byteorder = archive.find("byteorder");
-  const bool swaps_in_place = byteorder && as_text(zip_entry_bytes(file, *byteorder)) == "big";
+  const bool swaps_in_place = byteorder && byteorder->size == 3 && as_text(zip_entry_bytes(file, *byteorder)) == "big";
   if (swaps_in_place) {
+    if (before_in_place_write) before_in_place_write();
     verify_zip_crcs(archive, file, limits);
-    return interpret_records(archive, file, owner, limits);
+    return interpret_zip_records(archive, source, limits);
   }
   std::exception_ptr crc_failure;
   std::thread crc_thread([&] {
@@ -177,7 +196,7 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   ParsedFile parsed;
   std::exception_ptr parse_failure;
   try {
-    parsed = interpret_records(archive, file, owner, limits);
+    parsed = interpret_zip_records(archive, source, limits);
   } catch (...) {
     parse_failure = std::current_exception();
   }
@@ -187,10 +206,35 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   return parsed;
 }
 
+}  // namespace
+
+void screen_torchscript_record(std::string_view name) {
+  const std::size_t slash = name.find('/');
+  const std::string_view record = slash == std::string_view::npos ? name : name.substr(slash + 1);
+  if (is_torchscript_record(record)) {
+    fail(ErrorCode::torchscript_archive, "record '", record.substr(0, 128),
+         "' marks a TorchScript/torch.package archive; it holds code, not just weights");
+  }
+}
+
+void check_record_names(const ZipArchive& archive) {
+  for (const ZipEntry& entry : archive.entries) {
+    const std::string_view record = entry.record;
+    if (is_small_record(record) || record == "data.pkl") continue;
+    if (record.starts_with("data/") && is_canonical_decimal(record.substr(5), 19)) continue;
+    fail(ErrorCode::record_unknown, "record '", record, "' (entry ", &entry - archive.entries.data(),
+         ") is not one a weights checkpoint has");
+  }
+}
+
+bool record_bytes_needed(const ZipEntry& entry, const Limits& limits) {
+  if (entry.record == "data.pkl") return entry.size <= limits.max_pickle_bytes;
+  return is_small_record(entry.record) && entry.size <= kMaxSmallRecordBytes;
+}
+
 // Everything after the zip structure: record values, the pickle, and the
 // storages it references.
-ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> file,
-                             const std::shared_ptr<const void>& owner, const Limits& limits) {
+ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& source, const Limits& limits) {
   ParsedFile parsed;
   parsed.format = FileFormat::pytorch_zip;
   FormatMarkers& markers = parsed.markers;
@@ -202,8 +246,8 @@ ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> fil
   if (!data_version && !plain_version) fail(ErrorCode::record_missing, "the archive has no 'version' record");
   for (const ZipEntry* version : {plain_version, data_version}) {
     if (!version) continue;
-    markers.version = parse_decimal_record(as_text(zip_entry_bytes(file, *version)), ErrorCode::version_invalid,
-                                           version->record);
+    markers.version = parse_decimal_record(small_record_text(source, *version, ErrorCode::version_invalid),
+                                           ErrorCode::version_invalid, version->record);
     if (*markers.version < 1 || *markers.version > 10) {
       fail(ErrorCode::version_unsupported, "record '", version->record, "': archive version ", *markers.version,
            " is outside 1..10");
@@ -211,7 +255,7 @@ ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> fil
   }
   bool big_endian = false;
   if (const ZipEntry* byteorder = archive.find("byteorder")) {
-    const std::string_view value = as_text(zip_entry_bytes(file, *byteorder));
+    const std::string_view value = small_record_text(source, *byteorder, ErrorCode::byteorder_invalid);
     if (value != "little" && value != "big") {
       fail(ErrorCode::byteorder_invalid, "byteorder record is '", value.substr(0, 16), "', not 'little' or 'big'");
     }
@@ -219,15 +263,17 @@ ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> fil
     big_endian = value == "big";
   }
   if (const ZipEntry* entry = archive.find(".format_version")) {
-    markers.format_version =
-        parse_decimal_record(as_text(zip_entry_bytes(file, *entry)), ErrorCode::format_version_invalid, entry->record);
+    markers.format_version = parse_decimal_record(
+        small_record_text(source, *entry, ErrorCode::format_version_invalid), ErrorCode::format_version_invalid,
+        entry->record);
   }
   if (const ZipEntry* entry = archive.find(".storage_alignment")) {
-    markers.storage_alignment =
-        parse_decimal_record(as_text(zip_entry_bytes(file, *entry)), ErrorCode::format_version_invalid, entry->record);
+    markers.storage_alignment = parse_decimal_record(
+        small_record_text(source, *entry, ErrorCode::format_version_invalid), ErrorCode::format_version_invalid,
+        entry->record);
   }
   if (const ZipEntry* entry = archive.find(".data/serialization_id")) {
-    const std::string_view value = as_text(zip_entry_bytes(file, *entry));
+    const std::string_view value = small_record_text(source, *entry, ErrorCode::format_version_invalid);
     if (value.empty() || value.size() > 64 ||
         !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       fail(ErrorCode::format_version_invalid, "record '.data/serialization_id' is not up to 64 decimal digits");
@@ -241,8 +287,8 @@ ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> fil
     fail(ErrorCode::pickle_too_large, "data.pkl is ", pickle->size, " bytes, above the limit of ",
          limits.max_pickle_bytes, " (Limits::max_pickle_bytes)");
   }
-  ZipStorageResolver resolver(file, archive, owner, big_endian);
-  PickleResult result = read_pickle(zip_entry_bytes(file, *pickle), resolver, limits);
+  ZipStorageResolver resolver(archive, source, big_endian);
+  PickleResult result = read_pickle(source.record_bytes(*pickle), resolver, limits);
 
   // PyTorch writes exactly the storages its pickle references; anything else
   // is data smuggled past the pickle.
@@ -266,23 +312,43 @@ ParsedFile interpret_records(const ZipArchive& archive, std::span<std::byte> fil
   return parsed;
 }
 
-}  // namespace
+ParsedFile parsed_safetensors(SafetensorsFile safetensors) {
+  ParsedFile parsed;
+  parsed.format = FileFormat::safetensors;
+  parsed.root = std::move(safetensors.root);
+  parsed.tensor_count = safetensors.tensors.size();
+  parsed.storage_count = safetensors.tensors.size();
+  parsed.markers.safetensors_metadata = std::move(safetensors.metadata);
+  parsed.markers.producer = "safetensors";
+  parsed.records = std::move(safetensors.tensors);
+  return parsed;
+}
 
-FileFormat detect_format(std::span<const std::byte> file) {
-  if (file.empty()) fail(ErrorCode::file_empty, "the file is empty");
-  if (starts_with(file, "PK\x03\x04")) return FileFormat::pytorch_zip;
-  if (starts_with(file, "PYTORCH1")) {
+FileFormat detect_format(std::span<const std::byte> file) { return *detect_format(file, file.size()); }
+
+// Every rule but the safetensors one looks at fewer than kFormatDetectionBytes
+// bytes; the legacy magic pickle, FRAME included, ends within the first 64.
+std::optional<FileFormat> detect_format(std::span<const std::byte> head, std::uint64_t file_size) {
+  if (file_size == 0) fail(ErrorCode::file_empty, "the file is empty");
+  if (starts_with(head, "PK\x03\x04")) return FileFormat::pytorch_zip;
+  if (starts_with(head, "PYTORCH1")) {
     fail(ErrorCode::pytorch1_prerelease_format, "the file starts with PYTORCH1, a pre-release container");
   }
-  if (starts_with(file, "version https://git-lfs.github.com/spec/")) {
+  if (starts_with(head, "version https://git-lfs.github.com/spec/")) {
     fail(ErrorCode::git_lfs_pointer, "the file is a Git LFS pointer, not the checkpoint it points to");
   }
-  if (file.size() >= 262 && std::memcmp(file.data() + 257, "ustar", 5) == 0) {
+  if (head.size() >= 262 && std::memcmp(head.data() + 257, "ustar", 5) == 0) {
     fail(ErrorCode::legacy_tar_format, "the file is a tar archive (torch < 0.1.10 checkpoints), not supported");
   }
-  if (looks_like_legacy_stream(file)) return FileFormat::pytorch_legacy;
-  if (looks_like_safetensors(file)) return FileFormat::safetensors;
-  if (starts_with(file, "PK")) {
+  if (looks_like_legacy_stream(head)) return FileFormat::pytorch_legacy;
+  const std::optional<bool> safetensors = looks_like_safetensors(head, file_size);
+  if (!safetensors) return std::nullopt;
+  if (*safetensors) return FileFormat::safetensors;
+  fail_unknown_format(head);
+}
+
+void fail_unknown_format(std::span<const std::byte> head) {
+  if (starts_with(head, "PK")) {
     fail(ErrorCode::unknown_format, "the file starts like a zip archive but not with a local file header");
   }
   fail(ErrorCode::unknown_format,
@@ -290,12 +356,13 @@ FileFormat detect_format(std::span<const std::byte> file) {
 }
 
 ParsedFile read_checkpoint_file(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
-                                const Limits& limits) {
+                                const Limits& limits,
+                                const std::function<void()>& before_in_place_write) {
   if (file.size() > limits.max_file_bytes) {
     fail(ErrorCode::file_too_large, "file is ", file.size(), " bytes, above the limit of ", limits.max_file_bytes);
   }
   switch (detect_format(file)) {
-    case FileFormat::pytorch_zip: return read_zip_checkpoint(file, owner, limits);
+    case FileFormat::pytorch_zip: return read_zip_checkpoint(file, owner, limits, before_in_place_write);
     case FileFormat::pytorch_legacy: {
       LegacyStream stream = read_legacy_stream(file, owner, limits);
       ParsedFile parsed;
@@ -310,18 +377,7 @@ ParsedFile read_checkpoint_file(std::span<std::byte> file, const std::shared_ptr
       parsed.records = std::move(stream.storages);
       return parsed;
     }
-    case FileFormat::safetensors: {
-      SafetensorsFile safetensors = read_safetensors(file, owner, limits);
-      ParsedFile parsed;
-      parsed.format = FileFormat::safetensors;
-      parsed.root = std::move(safetensors.root);
-      parsed.tensor_count = safetensors.tensors.size();
-      parsed.storage_count = safetensors.tensors.size();
-      parsed.markers.safetensors_metadata = std::move(safetensors.metadata);
-      parsed.markers.producer = "safetensors";
-      parsed.records = std::move(safetensors.tensors);
-      return parsed;
-    }
+    case FileFormat::safetensors: return parsed_safetensors(read_safetensors(file, owner, limits));
   }
   fail(ErrorCode::unknown_format, "unreachable format");
 }

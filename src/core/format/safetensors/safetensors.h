@@ -20,8 +20,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,9 +46,30 @@ struct SafetensorsFile {
 // tab, LF, CR) from byte 8 up to a '{' inside a header length that fits the
 // file.
 bool looks_like_safetensors(std::span<const std::byte> file) noexcept;
+// The same from the first bytes of a file of `file_size` bytes; nullopt when
+// `head` ends inside the whitespace before the '{'.
+std::optional<bool> looks_like_safetensors(std::span<const std::byte> head, std::uint64_t file_size) noexcept;
+// The whitespace rule alone, for a caller that follows a long run of it past
+// the head: true at the first '{', false at the first byte that is neither
+// '{' nor JSON whitespace, nullopt when `bytes` are all whitespace.
+std::optional<bool> safetensors_whitespace_verdict(std::span<const std::byte> bytes) noexcept;
 
 SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::shared_ptr<const void>& owner,
                                  const Limits& limits);
+
+// read_safetensors for a reader that holds only the front of the file:
+// `head` is the first bytes of a file of `file_size` bytes, at least
+// safetensors_head_bytes(head, file_size, limits) of them. `make_storage`
+// gives each tensor its storage from the absolute offset and size of its
+// bytes (which are not read).
+using SafetensorsStorageMaker = std::function<std::shared_ptr<const Storage>(std::uint64_t offset, std::uint64_t size)>;
+SafetensorsFile read_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size,
+                                        const SafetensorsStorageMaker& make_storage, const Limits& limits);
+// How many leading bytes read_safetensors_header reads of a file whose first
+// bytes are `head` (at least 8 of them, or the whole file): the length prefix
+// and the header it announces, or only the prefix when the header cannot be
+// read (too large for Limits, or longer than the file).
+std::uint64_t safetensors_head_bytes(std::span<const std::byte> head, std::uint64_t file_size, const Limits& limits);
 
 // `root` must be a dict of str -> tensor (any layout; non-contiguous views are
 // written in C order). Throws convert_not_flat otherwise; write_value_unsupported

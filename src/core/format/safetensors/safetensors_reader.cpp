@@ -376,7 +376,7 @@ std::uint64_t validate_extents(const std::vector<TensorEntry>& tensors) {
   return expected_begin;
 }
 
-TensorData make_tensor(const TensorEntry& entry, const std::byte* data, const std::shared_ptr<const void>& owner) {
+TensorData make_tensor(const TensorEntry& entry, std::shared_ptr<const Storage> storage) {
   TensorData tensor;
   tensor.dtype = entry.dtype;
   tensor.sizes.assign(entry.shape.begin(), entry.shape.end());
@@ -387,47 +387,85 @@ TensorData make_tensor(const TensorEntry& entry, const std::byte* data, const st
     // Cannot overflow: checked_numel bounded the product of the nonzero sizes.
     if (tensor.sizes[i] != 0) stride *= tensor.sizes[i];
   }
-  tensor.storage = std::make_shared<const Storage>(data, static_cast<std::size_t>(entry.end - entry.begin), owner);
+  tensor.storage = std::move(storage);
   return tensor;
 }
 
 }  // namespace
 
 bool looks_like_safetensors(std::span<const std::byte> file) noexcept {
-  if (file.size() < 9) return false;
+  return looks_like_safetensors(file, file.size()).value_or(false);
+}
+
+std::optional<bool> looks_like_safetensors(std::span<const std::byte> head, std::uint64_t file_size) noexcept {
+  if (file_size < 9) return false;
+  if (head.size() < 9) return std::nullopt;
   // A '{' right after the length is enough: a damaged length should reach the
   // reader and get its precise code rather than unknown_format.
-  if (file[8] == std::byte{'{'}) return true;
+  if (head[8] == std::byte{'{'}) return true;
   // JSON whitespace before the '{' counts only inside a length that fits the
   // file, so that text with blanks at byte 8 is not taken for safetensors.
-  const std::uint64_t header_bytes = load_u64_le(file.data());
-  if (header_bytes > file.size() - 8) return false;
-  for (std::size_t i = 8; i < 8 + header_bytes; ++i) {
-    if (file[i] == std::byte{'{'}) return true;
-    if (!is_json_whitespace(file[i])) return false;
+  const std::uint64_t header_bytes = load_u64_le(head.data());
+  if (header_bytes > file_size - 8) return false;
+  const std::uint64_t end = std::min<std::uint64_t>(8 + header_bytes, head.size());
+  if (const auto verdict = safetensors_whitespace_verdict(head.subspan(8, static_cast<std::size_t>(end - 8)))) {
+    return verdict;
   }
-  return false;
+  return end == 8 + header_bytes ? std::optional<bool>(false) : std::nullopt;
+}
+
+std::optional<bool> safetensors_whitespace_verdict(std::span<const std::byte> bytes) noexcept {
+  for (std::byte b : bytes) {
+    if (b == std::byte{'{'}) return true;
+    if (!is_json_whitespace(b)) return false;
+  }
+  return std::nullopt;
+}
+
+std::uint64_t safetensors_head_bytes(std::span<const std::byte> head, std::uint64_t file_size, const Limits& limits) {
+  if (file_size < 8) return file_size;
+  const std::uint64_t header_bytes = load_u64_le(head.data());
+  if (header_bytes > limits.max_safetensors_header_bytes || header_bytes > file_size - 8) return 8;
+  return 8 + header_bytes;
 }
 
 SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::shared_ptr<const void>& owner,
                                  const Limits& limits) {
-  if (file.size() < 8) {
-    fail(ErrorCode::safetensors_header_too_small, "the file has ", file.size(),
+  return read_safetensors_header(
+      file, file.size(),
+      [&](std::uint64_t offset, std::uint64_t size) {
+        return std::make_shared<const Storage>(file.data() + offset, static_cast<std::size_t>(size), owner);
+      },
+      limits);
+}
+
+SafetensorsFile read_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size,
+                                        const SafetensorsStorageMaker& make_storage, const Limits& limits) {
+  if (head.size() < std::min<std::uint64_t>(file_size, 8)) {
+    fail(ErrorCode::invalid_argument, "read_safetensors_header: ", head.size(), " leading bytes of a ", file_size,
+         "-byte file, fewer than the length prefix");
+  }
+  if (file_size < 8) {
+    fail(ErrorCode::safetensors_header_too_small, "the file has ", file_size,
          " bytes; a safetensors file starts with an 8-byte header length");
   }
-  const std::uint64_t header_bytes = load_u64_le(file.data());
+  const std::uint64_t header_bytes = load_u64_le(head.data());
   if (header_bytes > limits.max_safetensors_header_bytes) {
     fail(ErrorCode::safetensors_header_too_large, "the header length is ", header_bytes,
          " bytes (Limits::max_safetensors_header_bytes is ", limits.max_safetensors_header_bytes, ")");
   }
   const auto header_end = checked_add(std::uint64_t{8}, header_bytes);
-  if (!header_end || *header_end > file.size()) {
+  if (!header_end || *header_end > file_size) {
     fail(ErrorCode::safetensors_header_length_invalid, "the header length is ", header_bytes, " bytes but only ",
-         file.size() - 8, " bytes follow it");
+         file_size - 8, " bytes follow it");
+  }
+  if (head.size() < *header_end) {
+    fail(ErrorCode::invalid_argument, "read_safetensors_header: ", head.size(), " leading bytes, fewer than the ",
+         *header_end, " the header takes");
   }
   // JSON whitespace may surround the object, as the reference (serde_json)
   // allows; looks_like_safetensors skips the same four characters.
-  const std::string_view header(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(header_bytes));
+  const std::string_view header(reinterpret_cast<const char*>(head.data()) + 8, static_cast<std::size_t>(header_bytes));
   HeaderSchema schema(limits);
   parse_json(header, limits.max_json_depth, schema);
   schema.throw_if_failed();
@@ -435,9 +473,9 @@ SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::sha
 
   const std::uint64_t buffer_bytes = validate_extents(entries);
   const auto file_end = checked_add(*header_end, buffer_bytes);
-  if (!file_end || *file_end != file.size()) {
+  if (!file_end || *file_end != file_size) {
     fail(ErrorCode::safetensors_incomplete_buffer, "the header describes ", buffer_bytes,
-         " data bytes after a header ending at byte ", *header_end, ", but the file has ", file.size(),
+         " data bytes after a header ending at byte ", *header_end, ", but the file has ", file_size,
          " bytes; the data buffer must end exactly at the end of the file");
   }
 
@@ -458,10 +496,9 @@ SafetensorsFile read_safetensors(std::span<const std::byte> file, const std::sha
            " bytes (Limits::max_tensor_logical_bytes is ", limits.max_tensor_logical_bytes, ")");
     }
     const std::uint64_t offset = *header_end + entry.begin;
-    const std::byte* data = file.data() + offset;
     result.tensors.push_back(RecordInfo{entry.name, offset, nbytes, 0});
     // The parser rejected duplicate names, so insert cannot fail.
-    root.insert(entry.name, Value::tensor(make_tensor(entry, data, owner)));
+    root.insert(entry.name, Value::tensor(make_tensor(entry, make_storage(offset, nbytes))));
   }
   result.root = Value::ordered_dict(std::move(root));
   return result;

@@ -20,6 +20,18 @@ std::shared_ptr<const Storage> Storage::copy_of(std::span<const std::byte> bytes
   return std::make_shared<const Storage>(data, buffer->size(), std::move(buffer));
 }
 
+std::shared_ptr<const Storage> Storage::absent(std::size_t nbytes) {
+  std::shared_ptr<Storage> storage(new Storage(nullptr, nbytes, nullptr));
+  storage->absent_ = true;
+  return storage;
+}
+
+void Storage::throw_absent() const {
+  fail(ErrorCode::invalid_argument, "this storage of ", nbytes_,
+       " bytes has no bytes: it comes from scan_checkpoint, which checks tensor bytes without keeping them; "
+       "read the file with load_checkpoint_mapping to use them");
+}
+
 // ---- TensorData --------------------------------------------------------------------
 
 TensorData TensorData::from_bytes(DType dtype, std::vector<std::int64_t> sizes, std::span<const std::byte> bytes) {

@@ -18,23 +18,43 @@ namespace {
 
 using detail::fail;
 
+// Bytes [base, base + bytes.size()) of the file, read through a ZipByteSource;
+// fields are addressed by their offset in the file.
+struct FileWindow {
+  std::span<const std::byte> bytes;
+  std::uint64_t base = 0;
+
+  std::span<const std::byte> at(std::uint64_t offset, std::uint64_t size) const {
+    return bytes.subspan(offset - base, size);
+  }
+};
+
 // Readers of little-endian fields. Callers have checked that the field lies
-// inside `file`.
-std::uint64_t load_le(std::span<const std::byte> file, std::uint64_t offset, int width) {
+// inside `bytes` (or the window).
+std::uint64_t load_le(std::span<const std::byte> bytes, std::uint64_t offset, int width) {
   std::uint64_t value = 0;
-  for (int i = width - 1; i >= 0; --i) value = (value << 8) | static_cast<std::uint8_t>(file[offset + i]);
+  for (int i = width - 1; i >= 0; --i) value = (value << 8) | static_cast<std::uint8_t>(bytes[offset + i]);
   return value;
 }
-std::uint16_t load_u16(std::span<const std::byte> file, std::uint64_t offset) {
-  return static_cast<std::uint16_t>(load_le(file, offset, 2));
+std::uint64_t load_le(const FileWindow& window, std::uint64_t offset, int width) {
+  return load_le(window.bytes, offset - window.base, width);
 }
-std::uint32_t load_u32(std::span<const std::byte> file, std::uint64_t offset) {
-  return static_cast<std::uint32_t>(load_le(file, offset, 4));
+template <typename Bytes>
+std::uint16_t load_u16(const Bytes& bytes, std::uint64_t offset) {
+  return static_cast<std::uint16_t>(load_le(bytes, offset, 2));
 }
-std::uint64_t load_u64(std::span<const std::byte> file, std::uint64_t offset) { return load_le(file, offset, 8); }
+template <typename Bytes>
+std::uint32_t load_u32(const Bytes& bytes, std::uint64_t offset) {
+  return static_cast<std::uint32_t>(load_le(bytes, offset, 4));
+}
+template <typename Bytes>
+std::uint64_t load_u64(const Bytes& bytes, std::uint64_t offset) {
+  return load_le(bytes, offset, 8);
+}
 
-std::string_view text_at(std::span<const std::byte> file, std::uint64_t offset, std::uint64_t size) {
-  return {reinterpret_cast<const char*>(file.data()) + offset, static_cast<std::size_t>(size)};
+std::string_view text_at(const FileWindow& window, std::uint64_t offset, std::uint64_t size) {
+  const auto bytes = window.at(offset, size);
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
 // A name as it may appear in a message: hostile names can hold control bytes
@@ -181,18 +201,22 @@ struct DirectoryBounds {
   std::uint64_t end = 0;
 };
 
-DirectoryBounds read_end_records(std::span<const std::byte> file) {
-  const std::uint64_t file_size = file.size();
+DirectoryBounds read_end_records(ZipByteSource& source) {
+  const std::uint64_t file_size = source.size();
   if (file_size < zip::kEndSize) {
     fail(ErrorCode::zip_eocd_missing, "zip file of ", file_size, " bytes is too short for an end record");
   }
   const std::uint64_t end_offset = file_size - zip::kEndSize;
+  const FileWindow file{source.read(end_offset, zip::kEndSize), end_offset};
   if (load_u32(file, end_offset) != zip::kEndSignature) {
     // Tell "an end record followed by a comment or junk" from "no end record
-    // at all"; a comment is at most 65535 bytes, which bounds the scan.
+    // at all"; a comment is at most 65535 bytes, which bounds the scan. The
+    // window holds every 4-byte probe, the last one ending inside the
+    // would-be end record.
     const std::uint64_t lowest = end_offset > 0xFFFF ? end_offset - 0xFFFF : 0;
+    const FileWindow scan{source.read(lowest, end_offset + 3 - lowest), lowest};
     for (std::uint64_t at = end_offset; at-- > lowest;) {
-      if (load_u32(file, at) == zip::kEndSignature) {
+      if (load_u32(scan, at) == zip::kEndSignature) {
         fail(ErrorCode::zip_trailing_data, "zip end record at offset ", at, " is followed by ",
              file_size - at - zip::kEndSize, " bytes (a comment or trailing data)");
       }
@@ -214,14 +238,14 @@ DirectoryBounds read_end_records(std::span<const std::byte> file) {
          count_this_disk, " entries on this disk of ", count16, " (a single-disk archive has 0, 0, equal counts)");
   }
 
-  const bool has_locator = file_size >= zip::kEndSize + zip::kZip64LocatorSize &&
-                           load_u32(file, end_offset - zip::kZip64LocatorSize) == zip::kZip64LocatorSignature;
-  if (!has_locator) return {count16, offset32, size32, end_offset};
-
+  if (file_size < zip::kEndSize + zip::kZip64LocatorSize) return {count16, offset32, size32, end_offset};
   const std::uint64_t locator_offset = end_offset - zip::kZip64LocatorSize;
-  const std::uint32_t zip64_end_disk = load_u32(file, locator_offset + 4);
-  const std::uint64_t zip64_end_offset = load_u64(file, locator_offset + 8);
-  const std::uint32_t total_disks = load_u32(file, locator_offset + 16);
+  const FileWindow locator{source.read(locator_offset, zip::kZip64LocatorSize), locator_offset};
+  if (load_u32(locator, locator_offset) != zip::kZip64LocatorSignature) return {count16, offset32, size32, end_offset};
+
+  const std::uint32_t zip64_end_disk = load_u32(locator, locator_offset + 4);
+  const std::uint64_t zip64_end_offset = load_u64(locator, locator_offset + 8);
+  const std::uint32_t total_disks = load_u32(locator, locator_offset + 16);
   if (zip64_end_disk != 0 || total_disks != 1) {
     fail(ErrorCode::zip64_locator_invalid, "zip64 locator: end record on disk ", zip64_end_disk, ", ", total_disks,
          " disks in total (must be 0 and 1)");
@@ -230,16 +254,17 @@ DirectoryBounds read_end_records(std::span<const std::byte> file) {
     fail(ErrorCode::zip64_eocd_invalid, "zip64 end record offset ", zip64_end_offset, " leaves no room for ",
          zip::kZip64EndSize, " bytes before the locator at ", locator_offset);
   }
-  if (load_u32(file, zip64_end_offset) != zip::kZip64EndSignature) {
+  const FileWindow zip64_end{source.read(zip64_end_offset, zip::kZip64EndSize), zip64_end_offset};
+  if (load_u32(zip64_end, zip64_end_offset) != zip::kZip64EndSignature) {
     fail(ErrorCode::zip64_eocd_invalid, "no zip64 end record signature at offset ", zip64_end_offset);
   }
-  const std::uint64_t record_size = load_u64(file, zip64_end_offset + 4);
-  const std::uint32_t disk64 = load_u32(file, zip64_end_offset + 16);
-  const std::uint32_t directory_disk64 = load_u32(file, zip64_end_offset + 20);
-  const std::uint64_t count_this_disk64 = load_u64(file, zip64_end_offset + 24);
-  const std::uint64_t count64 = load_u64(file, zip64_end_offset + 32);
-  const std::uint64_t size64 = load_u64(file, zip64_end_offset + 40);
-  const std::uint64_t offset64 = load_u64(file, zip64_end_offset + 48);
+  const std::uint64_t record_size = load_u64(zip64_end, zip64_end_offset + 4);
+  const std::uint32_t disk64 = load_u32(zip64_end, zip64_end_offset + 16);
+  const std::uint32_t directory_disk64 = load_u32(zip64_end, zip64_end_offset + 20);
+  const std::uint64_t count_this_disk64 = load_u64(zip64_end, zip64_end_offset + 24);
+  const std::uint64_t count64 = load_u64(zip64_end, zip64_end_offset + 32);
+  const std::uint64_t size64 = load_u64(zip64_end, zip64_end_offset + 40);
+  const std::uint64_t offset64 = load_u64(zip64_end, zip64_end_offset + 48);
   // The record must end exactly at the locator, and without the optional
   // "extensible data" PyTorch never writes: bytes there would be unaccounted for.
   if (record_size != zip::kZip64EndSizeField ||
@@ -301,7 +326,7 @@ CentralValues apply_zip64(const ExtraBlocks& extra, std::uint32_t uncompressed32
 // Parses central entry `index` at `pos` (inside [pos, directory_end)) into
 // `entry` and returns the offset of the next one. Also settles the archive
 // folder from entry 0.
-std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t pos, std::uint64_t directory_end,
+std::uint64_t read_central_entry(const FileWindow& file, std::uint64_t pos, std::uint64_t directory_end,
                                  std::size_t index, ZipArchive& archive, ZipEntry& entry,
                                  const EntryNameScreen& screen) {
   if (directory_end - pos < zip::kCentralHeaderSize) {
@@ -333,7 +358,7 @@ std::uint64_t read_central_entry(std::span<const std::byte> file, std::uint64_t 
          " runs past the end of the directory");
   }
   const std::string_view name = text_at(file, pos + zip::kCentralHeaderSize, name_size);
-  const auto extra = file.subspan(pos + zip::kCentralHeaderSize + name_size, extra_size);
+  const auto extra = file.at(pos + zip::kCentralHeaderSize + name_size, extra_size);
   if (screen) screen(name);
 
   if (flags & zip::kEncryptionFlags) {
@@ -421,31 +446,73 @@ void index_records(ZipArchive& archive) {
 // Checks entry `index`'s local header, payload bounds and data descriptor and
 // fills data_offset and end_offset. Nothing of the entry may reach
 // `directory_offset`.
-void read_local_entry(std::span<const std::byte> file, std::uint64_t directory_offset, std::size_t index,
-                      ZipEntry& entry) {
+void read_local_entry(ZipByteSource& file, std::uint64_t directory_offset, std::size_t index, ZipEntry& entry) {
   const std::uint64_t file_size = file.size();
   const std::uint64_t lho = entry.local_header_offset;
   if (lho > file_size || file_size - lho < zip::kLocalHeaderSize) {
     fail(ErrorCode::zip_local_header_invalid, entry_label(index, entry.name), ": local header offset ", lho,
          " is outside the ", file_size, "-byte file");
   }
-  if (load_u32(file, lho) != zip::kLocalHeaderSignature) {
+  const std::size_t header_size =
+      check_local_header_start(file.read(lho, zip::kLocalHeaderSize), file_size, index, entry);
+  const unsigned width = check_local_header(file.read(lho, header_size), directory_offset, index, entry);
+  if (width == 0) return;
+  const std::uint64_t data_end = entry.end_offset;
+  const std::size_t available =
+      static_cast<std::size_t>(std::min<std::uint64_t>(max_data_descriptor_bytes(width), directory_offset - data_end));
+  check_data_descriptor(file.read(data_end, available), width, directory_offset, index, entry);
+}
+
+}  // namespace
+
+const ZipEntry* ZipArchive::find(std::string_view record) const {
+  if (record_order.size() != record_index_size(entries.size())) {
+    for (const ZipEntry& entry : entries) {
+      if (entry.record == record) return &entry;
+    }
+    return nullptr;
+  }
+  // The bounds keep a table edited by hand from reading past `entries` or
+  // probing forever; one from read_zip_directory never needs them.
+  const std::size_t mask = record_order.size() - 1;
+  std::size_t slot = folded_hash(record) & mask;
+  for (std::size_t probes = 0; probes < record_order.size() && record_order[slot] != 0; ++probes) {
+    const std::size_t index = record_order[slot] - 1;
+    if (index < entries.size() && entries[index].record == record) return &entries[index];
+    slot = (slot + 1) & mask;
+  }
+  return nullptr;
+}
+
+std::size_t check_local_header_start(std::span<const std::byte> fixed, std::uint64_t file_size, std::size_t index,
+                                     const ZipEntry& entry) {
+  const std::uint64_t lho = entry.local_header_offset;
+  if (load_u32(fixed, 0) != zip::kLocalHeaderSignature) {
     fail(ErrorCode::zip_local_header_invalid, entry_label(index, entry.name), ": no local header signature at ",
          lho);
   }
-  const std::uint16_t flags = load_u16(file, lho + 6);
-  const std::uint16_t method = load_u16(file, lho + 8);
-  const std::uint32_t crc = load_u32(file, lho + 14);
-  const std::uint32_t compressed32 = load_u32(file, lho + 18);
-  const std::uint32_t uncompressed32 = load_u32(file, lho + 22);
-  const std::uint16_t name_size = load_u16(file, lho + 26);
-  const std::uint16_t extra_size = load_u16(file, lho + 28);
+  const std::uint16_t name_size = load_u16(fixed, 26);
+  const std::uint16_t extra_size = load_u16(fixed, 28);
   const std::uint64_t header_end = lho + zip::kLocalHeaderSize + name_size + extra_size;  // < 2^64: lho <= size
   if (header_end > file_size) {
     fail(ErrorCode::zip_local_header_invalid, entry_label(index, entry.name), ": local header at ", lho,
          " runs past the end of the file");
   }
-  const std::string_view local_name = text_at(file, lho + zip::kLocalHeaderSize, name_size);
+  return zip::kLocalHeaderSize + name_size + extra_size;
+}
+
+unsigned check_local_header(std::span<const std::byte> header, std::uint64_t directory_offset, std::size_t index,
+                            ZipEntry& entry) {
+  const std::uint64_t lho = entry.local_header_offset;
+  const std::uint16_t flags = load_u16(header, 6);
+  const std::uint16_t method = load_u16(header, 8);
+  const std::uint32_t crc = load_u32(header, 14);
+  const std::uint32_t compressed32 = load_u32(header, 18);
+  const std::uint32_t uncompressed32 = load_u32(header, 22);
+  const std::uint16_t name_size = load_u16(header, 26);
+  const std::uint16_t extra_size = load_u16(header, 28);
+  const std::uint64_t header_end = lho + header.size();
+  const std::string_view local_name(reinterpret_cast<const char*>(header.data()) + zip::kLocalHeaderSize, name_size);
   if (local_name != entry.name) {
     fail(ErrorCode::zip_local_header_mismatch, entry_label(index, entry.name), ": local header names '",
          printable(local_name), "'");
@@ -470,7 +537,7 @@ void read_local_entry(std::span<const std::byte> file, std::uint64_t directory_o
     }
   }
   const ExtraBlocks extra =
-      parse_extra(file.subspan(lho + zip::kLocalHeaderSize + name_size, extra_size), index, entry.name, "local", true);
+      parse_extra(header.subspan(zip::kLocalHeaderSize + name_size, extra_size), index, entry.name, "local", true);
 
   entry.data_offset = header_end;
   const auto payload_end = detail::checked_add(header_end, entry.size);
@@ -484,31 +551,36 @@ void read_local_entry(std::span<const std::byte> file, std::uint64_t directory_o
          ") runs into the central directory at ", directory_offset);
   }
   entry.end_offset = data_end;
-  if (!(flags & zip::kFlagDataDescriptor) || entry.size == 0) return;
+  if (!(flags & zip::kFlagDataDescriptor) || entry.size == 0) return 0;
+  // The descriptor's sizes are 64-bit exactly when the local header carries
+  // a zip64 block.
+  return extra.zip64 ? 8 : 4;
+}
 
-  // The descriptor's signature is optional in the zip spec; its sizes are
-  // 64-bit exactly when the local header carries a zip64 block.
-  std::uint64_t pos = data_end;
-  if (directory_offset - pos >= 4 && load_u32(file, pos) == zip::kDataDescriptorSignature) pos += 4;
-  const std::uint64_t width = extra.zip64 ? 8 : 4;
-  if (directory_offset - pos < 4 + 2 * width) {
+void check_data_descriptor(std::span<const std::byte> bytes, unsigned width, std::uint64_t directory_offset,
+                           std::size_t index, ZipEntry& entry) {
+  // The descriptor's signature is optional in the zip spec.
+  const std::uint64_t data_end = entry.end_offset;
+  std::size_t pos = 0;
+  if (bytes.size() >= 4 && load_u32(bytes, 0) == zip::kDataDescriptorSignature) pos = 4;
+  if (bytes.size() - pos < 4 + 2 * std::size_t{width}) {
     fail(ErrorCode::zip_entries_overlap, entry_label(index, entry.name), ": data descriptor at ", data_end,
          " runs into the central directory at ", directory_offset);
   }
-  const std::uint32_t descriptor_crc = load_u32(file, pos);
-  const std::uint64_t descriptor_compressed = load_le(file, pos + 4, static_cast<int>(width));
-  const std::uint64_t descriptor_uncompressed = load_le(file, pos + 4 + width, static_cast<int>(width));
+  const std::uint32_t descriptor_crc = load_u32(bytes, pos);
+  const std::uint64_t descriptor_compressed = load_le(bytes, pos + 4, static_cast<int>(width));
+  const std::uint64_t descriptor_uncompressed = load_le(bytes, pos + 4 + width, static_cast<int>(width));
   if (descriptor_crc != entry.crc32 || descriptor_compressed != entry.size || descriptor_uncompressed != entry.size) {
     fail(ErrorCode::zip_descriptor_mismatch, entry_label(index, entry.name), ": data descriptor says CRC ",
          descriptor_crc, " sizes ", descriptor_compressed, "/", descriptor_uncompressed, ", central directory CRC ",
          entry.crc32, " size ", entry.size);
   }
-  entry.end_offset = pos + 4 + 2 * width;
+  entry.end_offset = data_end + pos + 4 + 2 * width;
 }
 
 // Entries must be disjoint and, as PyTorch writes them, tile [0, cd_offset)
 // with no byte unaccounted for (no room for a polyglot payload).
-void check_layout(const ZipArchive& archive) {
+void check_zip_layout(const ZipArchive& archive) {
   const auto& entries = archive.entries;
   std::vector<std::uint32_t> by_offset(entries.size());
   for (std::uint32_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
@@ -539,32 +611,31 @@ void check_layout(const ZipArchive& archive) {
   }
 }
 
-}  // namespace
-
-const ZipEntry* ZipArchive::find(std::string_view record) const {
-  if (record_order.size() != record_index_size(entries.size())) {
-    for (const ZipEntry& entry : entries) {
-      if (entry.record == record) return &entry;
-    }
-    return nullptr;
-  }
-  // The bounds keep a table edited by hand from reading past `entries` or
-  // probing forever; one from read_zip_directory never needs them.
-  const std::size_t mask = record_order.size() - 1;
-  std::size_t slot = folded_hash(record) & mask;
-  for (std::size_t probes = 0; probes < record_order.size() && record_order[slot] != 0; ++probes) {
-    const std::size_t index = record_order[slot] - 1;
-    if (index < entries.size() && entries[index].record == record) return &entries[index];
-    slot = (slot + 1) & mask;
-  }
-  return nullptr;
+ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits, const EntryNameScreen& screen) {
+  ZipMemorySource source(file);
+  return read_zip_directory(source, limits, screen);
 }
 
-ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits, const EntryNameScreen& screen) {
+ZipArchive read_zip_directory(ZipByteSource& file, const Limits& limits, const EntryNameScreen& screen) {
+  ZipArchive archive = read_zip_central_directory(file, limits, screen);
+  read_zip_local_entries(file, archive);
+  return archive;
+}
+
+void read_zip_local_entries(ZipByteSource& file, ZipArchive& archive) {
+  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
+    read_local_entry(file, archive.central_directory_offset, i, archive.entries[i]);
+  }
+  check_zip_layout(archive);
+}
+
+ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits, const EntryNameScreen& screen) {
   // An archive without entries is nothing but its end record; name that
   // precisely rather than as a missing local header.
-  const bool bare_end_record = file.size() == zip::kEndSize && load_u32(file, 0) == zip::kEndSignature;
-  if (!bare_end_record && (file.size() < 4 || load_u32(file, 0) != zip::kLocalHeaderSignature)) {
+  const std::uint64_t file_size = file.size();
+  const std::uint32_t first_signature = file_size < 4 ? 0 : load_u32(file.read(0, 4), 0);
+  const bool bare_end_record = file_size == zip::kEndSize && first_signature == zip::kEndSignature;
+  if (!bare_end_record && (file_size < 4 || first_signature != zip::kLocalHeaderSignature)) {
     fail(ErrorCode::zip_local_header_invalid, "zip file does not start with a local header signature");
   }
 
@@ -593,23 +664,41 @@ ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& lim
   archive.central_directory_offset = bounds.offset;
   archive.central_directory_size = bounds.size;
   archive.entries.resize(bounds.entry_count);
+  // The size was bounded by Limits::max_central_directory_bytes above, and the
+  // directory ends where the end records start, inside the file.
+  const FileWindow directory{file.read(bounds.offset, static_cast<std::size_t>(bounds.size)), bounds.offset};
   std::uint64_t pos = bounds.offset;
   for (std::size_t i = 0; i < archive.entries.size(); ++i) {
-    pos = read_central_entry(file, pos, bounds.end, i, archive, archive.entries[i], screen);
+    pos = read_central_entry(directory, pos, bounds.end, i, archive, archive.entries[i], screen);
   }
   if (pos != bounds.end) {
     fail(ErrorCode::zip_central_directory_invalid, "zip central directory has ", bounds.end - pos,
          " bytes after its last entry");
   }
   index_records(archive);
-  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
-    read_local_entry(file, bounds.offset, i, archive.entries[i]);
-  }
-  check_layout(archive);
   return archive;
 }
 
 namespace {
+
+// Whether entry `i`'s payload is to be checked against its CRC field. An
+// empty payload's CRC is legitimately 0; a zero CRC on anything else means the
+// writer skipped it (torch 2.x can), and then there is nothing to verify
+// against: zip_crc_missing unless Limits::allow_zero_crc lets it pass unchecked.
+bool crc_to_check(const ZipArchive& archive, std::size_t i, const Limits& limits) {
+  const ZipEntry& entry = archive.entries[i];
+  if (entry.crc32 != 0 || entry.size == 0) return true;
+  if (limits.allow_zero_crc) return false;
+  fail(ErrorCode::zip_crc_missing, entry_label(i, entry.name), ": CRC-32 field is 0 (Limits::allow_zero_crc is off)");
+}
+
+void compare_crc(const ZipArchive& archive, std::size_t i, std::uint32_t actual) {
+  const ZipEntry& entry = archive.entries[i];
+  if (actual != entry.crc32) {
+    fail(ErrorCode::zip_crc_mismatch, entry_label(i, entry.name), ": CRC-32 of the payload is 0x", std::hex, actual,
+         ", the central directory says 0x", entry.crc32);
+  }
+}
 
 void verify_entry_crc(const ZipArchive& archive, std::size_t i, std::span<const std::byte> file, const Limits& limits) {
   const ZipEntry& entry = archive.entries[i];
@@ -617,18 +706,8 @@ void verify_entry_crc(const ZipArchive& archive, std::size_t i, std::span<const 
     fail(ErrorCode::invalid_argument, entry_label(i, entry.name), " lies outside the given ", file.size(),
          "-byte file; the archive was read from other bytes");
   }
-  // An empty payload's CRC is legitimately 0; a zero CRC on anything else
-  // means the writer skipped it (torch 2.x can), and then there is nothing
-  // to verify against.
-  if (entry.crc32 == 0 && entry.size > 0) {
-    if (limits.allow_zero_crc) return;
-    fail(ErrorCode::zip_crc_missing, entry_label(i, entry.name), ": CRC-32 field is 0 (Limits::allow_zero_crc is off)");
-  }
-  const std::uint32_t actual = io::crc32_of(zip_entry_bytes(file, entry));
-  if (actual != entry.crc32) {
-    fail(ErrorCode::zip_crc_mismatch, entry_label(i, entry.name), ": CRC-32 of the payload is 0x", std::hex, actual,
-         ", the central directory says 0x", entry.crc32);
-  }
+  if (!crc_to_check(archive, i, limits)) return;
+  compare_crc(archive, i, io::crc32_of(zip_entry_bytes(file, entry)));
 }
 
 // The first failing entry of [first, last), with its error.
@@ -649,6 +728,10 @@ std::optional<std::pair<std::size_t, Error>> first_crc_failure(const ZipArchive&
 constexpr std::uint64_t kParallelCrcBytes = std::uint64_t{8} << 20;
 
 }  // namespace
+
+void check_zip_entry_crc(const ZipArchive& archive, std::size_t index, std::uint32_t actual, const Limits& limits) {
+  if (crc_to_check(archive, index, limits)) compare_crc(archive, index, actual);
+}
 
 void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits) {
   std::uint64_t total = 0;

@@ -1,10 +1,17 @@
 // Strict reader for the zip container PyTorch checkpoints use.
 //
 // read_zip_directory validates the archive structure of docs/format.md ("Zip
-// reader checks") over bytes already in memory and returns the entries; it
-// never allocates from an unvalidated size and never reads outside `file`.
-// verify_zip_crcs then checks every entry's CRC-32. Record-level policy (which
-// record names a weights checkpoint may have) is the caller's job.
+// reader checks") and returns the entries; it never allocates from an
+// unvalidated size and never reads outside the file. It reads the file
+// through a ZipByteSource (bytes in memory, or a file read piece by piece)
+// and in two stages that a caller may also run apart:
+// read_zip_central_directory (end records and central directory) and
+// read_zip_local_entries (local headers, data descriptors, layout).
+// verify_zip_crcs then checks every entry's CRC-32. A reader that sees the
+// file once as a stream runs the local stage's checks one entry at a time
+// (check_local_header_start ... check_data_descriptor; ZipStreamChecker in
+// zip_stream_checker.h). Record-level policy (which record names a weights
+// checkpoint may have) is the caller's job.
 //
 // Failure contract: throws holdpoint::Error with a zip_* code naming the entry
 // (index and name) and the offset or bound involved.
@@ -59,12 +66,72 @@ struct ZipArchive {
 // The name is unvalidated bytes; the screen may throw to reject.
 using EntryNameScreen = std::function<void(std::string_view name)>;
 
+// Random access to the bytes of a zip file.
+class ZipByteSource {
+ public:
+  virtual ~ZipByteSource() = default;
+  virtual std::uint64_t size() const = 0;
+  // The bytes [offset, offset + length), which the caller has checked lie
+  // inside the file. The span stays valid until the next call of read().
+  virtual std::span<const std::byte> read(std::uint64_t offset, std::size_t length) = 0;
+};
+
+// A file held in memory, read without copying.
+class ZipMemorySource final : public ZipByteSource {
+ public:
+  explicit ZipMemorySource(std::span<const std::byte> file) : file_(file) {}
+  std::uint64_t size() const override { return file_.size(); }
+  std::span<const std::byte> read(std::uint64_t offset, std::size_t length) override {
+    return file_.subspan(offset, length);
+  }
+
+ private:
+  std::span<const std::byte> file_;
+};
+
 ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits,
                               const EntryNameScreen& screen = {});
+ZipArchive read_zip_directory(ZipByteSource& file, const Limits& limits, const EntryNameScreen& screen = {});
+
+// The first stage: the file starts with a local header, the end records and
+// the central directory hold (docs/format.md §3.1–§3.3), names do not repeat.
+// Entries come back without data_offset and end_offset.
+ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits, const EntryNameScreen& screen = {});
+// The second stage (§3.4): every entry's local header and data descriptor in
+// directory order (filling data_offset and end_offset), then the layout.
+void read_zip_local_entries(ZipByteSource& file, ZipArchive& archive);
+
+// ---- the local stage, one step at a time --------------------------------------
+// For entry `index` at local header offset `lho` (lho + 30 <= file size):
+//
+// `fixed`: the 30 bytes at lho. Checks the signature and that the header fits
+// the file; returns the whole header's length, 30 + name + extra.
+std::size_t check_local_header_start(std::span<const std::byte> fixed, std::uint64_t file_size, std::size_t index,
+                                     const ZipEntry& entry);
+// `header`: that many bytes at lho. Checks the header against the central
+// entry and the payload against `directory_offset`; sets data_offset and
+// end_offset (the payload's end). Returns the width of the data descriptor's
+// size fields (4 or 8), or 0 when no descriptor follows.
+unsigned check_local_header(std::span<const std::byte> header, std::uint64_t directory_offset, std::size_t index,
+                            ZipEntry& entry);
+// The most bytes a data descriptor of that width can take (with its optional
+// signature).
+constexpr std::size_t max_data_descriptor_bytes(unsigned width) { return 4 + 4 + 2 * std::size_t{width}; }
+// `bytes`: the bytes at the payload's end, max_data_descriptor_bytes(width)
+// of them or up to `directory_offset` if that comes first (fewer is enough
+// when the descriptor has no signature). Checks the descriptor; sets
+// end_offset past it.
+void check_data_descriptor(std::span<const std::byte> bytes, unsigned width, std::uint64_t directory_offset,
+                           std::size_t index, ZipEntry& entry);
+// Entries (data_offset and end_offset set) tile [0, central directory).
+void check_zip_layout(const ZipArchive& archive);
 
 // Throws zip_crc_mismatch (or zip_crc_missing for a zero CRC when
 // limits.allow_zero_crc is off) for the first entry whose bytes do not match.
 void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits);
+// The same for one entry whose payload's CRC-32 is `actual` (computed by a
+// caller that streams the file).
+void check_zip_entry_crc(const ZipArchive& archive, std::size_t index, std::uint32_t actual, const Limits& limits);
 
 // The payload of `entry` (bounds were checked by read_zip_directory).
 inline std::span<const std::byte> zip_entry_bytes(std::span<const std::byte> file, const ZipEntry& entry) {

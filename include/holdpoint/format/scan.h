@@ -1,0 +1,54 @@
+// Checking a checkpoint file of any size without holding it in memory.
+//
+// scan_checkpoint reads the file once, in order, through a small ring of
+// buffers, computing its SHA-256 on a second thread while it checks every zip
+// record's CRC-32, and validates the structure exactly as
+// load_checkpoint_mapping (holdpoint/format/checkpoint_mapping.h) does: the
+// zip end records, central directory, local headers, data descriptors and
+// layout, the record policy, the pickle, storage sizes and tensor geometry;
+// for safetensors the header and its extents. It returns the same
+// LoadedMapping (root tree, format, markers, records, SHA-256, size), except
+// that tensors carry no bytes: their storages are Storage::absent, with sizes
+// and identities (views of one storage still share it) but no payload, and
+// reading their bytes throws. Use it to verify and inspect; use
+// load_checkpoint_mapping when the tensors' values are needed.
+//
+// The bytes parsed are the bytes hashed. What is read before the pass (the
+// first bytes, to detect the format; the zip end records and central
+// directory; the safetensors header) is compared with the bytes of the pass
+// as they stream by; local headers, data descriptors, data.pkl and the small
+// records are taken from the pass itself. A difference, or the file growing
+// or shrinking while it is read, is file_changed_during_read.
+//
+// Memory: besides the result, the ring (32 MiB) and the metadata the checks
+// need: the central directory (at most Limits::max_central_directory_bytes),
+// data.pkl (at most max_pickle_bytes), a safetensors header (at most
+// max_safetensors_header_bytes); never the tensor bytes. Exception: a legacy
+// stream (torch < 1.6, or _use_new_zipfile_serialization=False) is read by
+// load_checkpoint_mapping, whole, into private memory, and its tensors keep
+// their bytes; the format predates checkpoints of the sizes that need
+// streaming.
+//
+// Failure contract: throws holdpoint::Error naming the file, with the code
+// load_checkpoint_mapping gives for the same bytes: I/O and size errors
+// first, then sha256_mismatch when options.expected_sha256 differs (checked
+// after the whole file was hashed, before any structural verdict), then the
+// first structural check that fails, in the same order (a damaged record is
+// reported as a CRC mismatch before anything its bytes say). Without an
+// expected digest, a file whose end records, central directory or format
+// already fail is refused without reading the rest. options.progress is
+// called on the calling thread as the file streams.
+//
+// Thread-safety: independent calls may run concurrently.
+#pragma once
+
+#include <filesystem>
+
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/loaded_mapping.h"
+
+namespace holdpoint {
+
+LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {});
+
+}  // namespace holdpoint

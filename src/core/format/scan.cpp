@@ -1,0 +1,251 @@
+#include "holdpoint/format/scan.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <vector>
+
+#include "base/fail.h"
+#include "base/file_descriptor.h"
+#include "base/file_stream.h"
+#include "format/pt_reader.h"
+#include "format/safetensors/safetensors.h"
+#include "format/zip/zip_reader.h"
+#include "format/zip/zip_stream_checker.h"
+
+namespace holdpoint {
+
+using detail::fail;
+
+namespace {
+
+// Reading failed or saw the file change: reported at once, ahead of any
+// verdict on the bytes (as read_snapshot reports them).
+bool is_read_error(ErrorCode code) {
+  return code == ErrorCode::io_read_failed || code == ErrorCode::file_changed_during_read;
+}
+
+void read_exactly(int fd, std::byte* out, std::size_t size, std::uint64_t offset, std::uint64_t file_size) {
+  const std::size_t got = io::pread_fully(fd, out, size, offset);
+  if (got != size) {
+    fail(ErrorCode::file_changed_during_read, "file shrank from ", file_size, " to ", offset + got,
+         " bytes while being read");
+  }
+}
+
+// Bytes read before the streaming pass. The pass compares each region with
+// the bytes it hashes, so that what was parsed from them is what was hashed.
+class PreReadBytes {
+ public:
+  PreReadBytes(int fd, std::uint64_t file_size) : fd_(fd), file_size_(file_size) {}
+
+  // [offset, offset + length), inside the file; valid while this object lives.
+  std::span<const std::byte> read(std::uint64_t offset, std::size_t length) {
+    Region& region = regions_.emplace_back(Region{offset, std::vector<std::byte>(length)});
+    read_exactly(fd_, region.bytes.data(), length, offset, file_size_);
+    return region.bytes;
+  }
+
+  // The pass's bytes at `offset`.
+  void compare(std::uint64_t offset, std::span<const std::byte> bytes) const {
+    const std::uint64_t end = offset + bytes.size();
+    for (const Region& region : regions_) {
+      const std::uint64_t from = std::max(offset, region.offset);
+      const std::uint64_t to = std::min<std::uint64_t>(end, region.offset + region.bytes.size());
+      if (from >= to) continue;
+      const auto size = static_cast<std::size_t>(to - from);
+      if (std::memcmp(bytes.data() + (from - offset), region.bytes.data() + (from - region.offset), size) != 0) {
+        fail(ErrorCode::file_changed_during_read, "bytes [", from, ", ", to,
+             ") differ between the read that parsed them and the pass that hashed them");
+      }
+    }
+  }
+
+ private:
+  struct Region {
+    std::uint64_t offset;
+    std::vector<std::byte> bytes;
+  };
+
+  int fd_;
+  std::uint64_t file_size_;
+  std::deque<Region> regions_;  // a deque: adding a region moves no other
+};
+
+// The zip reader's view of the file before the pass: every read is kept for
+// the comparison.
+class PreReadZipSource final : public format::ZipByteSource {
+ public:
+  PreReadZipSource(PreReadBytes& bytes, std::uint64_t file_size) : bytes_(bytes), file_size_(file_size) {}
+  std::uint64_t size() const override { return file_size_; }
+  std::span<const std::byte> read(std::uint64_t offset, std::size_t length) override {
+    return bytes_.read(offset, length);
+  }
+
+ private:
+  PreReadBytes& bytes_;
+  std::uint64_t file_size_;
+};
+
+// Random access into the file, one piece at a time, for the exact error of an
+// archive the pass found malformed.
+class PreadZipSource final : public format::ZipByteSource {
+ public:
+  PreadZipSource(int fd, std::uint64_t file_size) : fd_(fd), file_size_(file_size) {}
+  std::uint64_t size() const override { return file_size_; }
+  std::span<const std::byte> read(std::uint64_t offset, std::size_t length) override {
+    scratch_.resize(length);
+    read_exactly(fd_, scratch_.data(), length, offset, file_size_);
+    return scratch_;
+  }
+
+ private:
+  int fd_;
+  std::uint64_t file_size_;
+  std::vector<std::byte> scratch_;
+};
+
+// Records come from the pass; tensors get storages without bytes.
+class ScanRecordSource final : public format::ZipRecordSource {
+ public:
+  explicit ScanRecordSource(const format::ZipStreamChecker& checker) : checker_(checker) {}
+  std::span<const std::byte> record_bytes(const format::ZipEntry& entry) override { return checker_.kept(entry); }
+  std::shared_ptr<const Storage> storage(const format::ZipEntry& entry, const format::StorageRequest&, bool) override {
+    return Storage::absent(static_cast<std::size_t>(entry.size));
+  }
+
+ private:
+  const format::ZipStreamChecker& checker_;
+};
+
+// detect_format could not decide from the head: the header length fits the
+// file and the header starts with more whitespace than the head holds. The
+// run is followed with pread, a piece at a time; a '{' makes it safetensors,
+// anything else unknown_format. Only the verdict is kept: a safetensors
+// header is read again (and compared with the pass) to be parsed.
+FileFormat detect_past_head(int fd, std::uint64_t file_size, std::span<const std::byte> head) {
+  std::uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | std::to_integer<std::uint64_t>(head[i]);
+  const std::uint64_t end = 8 + header_bytes;  // <= file_size, or detect_format would have decided
+  std::vector<std::byte> piece(std::size_t{1} << 20);
+  for (std::uint64_t at = head.size(); at < end;) {
+    const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), end - at));
+    read_exactly(fd, piece.data(), size, at, file_size);
+    if (const auto verdict = format::safetensors_whitespace_verdict({piece.data(), size})) {
+      if (*verdict) return FileFormat::safetensors;
+      format::fail_unknown_format(head);
+    }
+    at += size;
+  }
+  format::fail_unknown_format(head);
+}
+
+LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesystem::path& path,
+                             const LoadOptions& options) {
+  const Limits& limits = options.limits;
+  PreReadBytes pre_read(fd, file_size);
+  std::optional<format::ZipArchive> archive;
+  std::optional<format::SafetensorsFile> safetensors;
+  bool legacy = false;
+  // A verdict reached before the pass waits for the digest check when a digest
+  // is expected, as load_checkpoint_mapping checks the digest before parsing;
+  // without one, the file is refused at once.
+  std::optional<Error> malformed;
+  try {
+    const auto head = pre_read.read(
+        0, static_cast<std::size_t>(std::min<std::uint64_t>(file_size, format::kFormatDetectionBytes)));
+    std::optional<FileFormat> detected = format::detect_format(head, file_size);
+    if (!detected) detected = detect_past_head(fd, file_size, head);
+    switch (*detected) {
+      case FileFormat::pytorch_legacy: legacy = true; break;
+      case FileFormat::pytorch_zip: {
+        PreReadZipSource source(pre_read, file_size);
+        archive = format::read_zip_central_directory(source, limits, format::screen_torchscript_record);
+        break;
+      }
+      case FileFormat::safetensors: {
+        const auto header = pre_read.read(0, static_cast<std::size_t>(format::safetensors_head_bytes(head, file_size, limits)));
+        safetensors = format::read_safetensors_header(
+            header, file_size,
+            [](std::uint64_t, std::uint64_t size) { return Storage::absent(static_cast<std::size_t>(size)); }, limits);
+        break;
+      }
+    }
+  } catch (const Error& error) {
+    if (is_read_error(error.code()) || !options.expected_sha256) throw;
+    malformed = error;
+  }
+  if (legacy) return load_checkpoint_mapping(path, options);
+
+  std::optional<format::ZipStreamChecker> checker;
+  if (archive) {
+    checker.emplace(*archive, file_size,
+                    [&limits](const format::ZipEntry& entry) { return format::record_bytes_needed(entry, limits); });
+  }
+  const Sha256Digest digest = io::stream_file(
+      fd, path.string(), file_size,
+      [&](std::uint64_t offset, std::span<const std::byte> bytes) {
+        pre_read.compare(offset, bytes);
+        if (checker) checker->consume(offset, bytes);
+      },
+      options.progress);
+  if (options.expected_sha256 && !(*options.expected_sha256 == digest)) {
+    fail(ErrorCode::sha256_mismatch, "SHA-256 is ", digest.hex(), ", expected ", options.expected_sha256->hex());
+  }
+  if (malformed) throw *malformed;
+
+  format::ParsedFile parsed;
+  if (archive) {
+    if (!checker->local_entries_ok()) {
+      // The archive is malformed; the checks of the in-memory reader over
+      // random access name how, in the order it would.
+      PreadZipSource source(fd, file_size);
+      format::read_zip_local_entries(source, *archive);
+      fail(ErrorCode::file_changed_during_read,
+           "the local headers read as the file streamed by differ from those read again afterwards");
+    }
+    format::check_record_names(*archive);
+    checker->check_crcs(limits);
+    ScanRecordSource source(*checker);
+    parsed = format::interpret_zip_records(*archive, source, limits);
+  } else {
+    parsed = format::parsed_safetensors(std::move(*safetensors));
+  }
+  LoadedMapping mapping;
+  mapping.root = std::move(parsed.root);
+  mapping.format = parsed.format;
+  mapping.sha256 = digest;
+  mapping.file_bytes = file_size;
+  mapping.markers = std::move(parsed.markers);
+  mapping.records = std::move(parsed.records);
+  return mapping;
+}
+
+}  // namespace
+
+LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {
+  io::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno))).with_path(path.string());
+  }
+  try {
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0) fail(ErrorCode::io_open_failed, "cannot stat: ", std::strerror(errno));
+    if (!S_ISREG(info.st_mode)) fail(ErrorCode::io_not_regular_file, "not a regular file");
+    const auto size = static_cast<std::uint64_t>(info.st_size);
+    if (size > options.limits.max_file_bytes) {
+      fail(ErrorCode::file_too_large, "file is ", size, " bytes, above the limit of ", options.limits.max_file_bytes,
+           " (Limits::max_file_bytes)");
+    }
+    return scan_open_file(fd.get(), size, path, options);
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
+
+}  // namespace holdpoint
