@@ -43,7 +43,8 @@ struct Run {
 // Runs `holdpoint ARGUMENTS... FILE` with RLIMIT_AS = limit_mib and returns its
 // exit status, peak RSS (wait4's ru_maxrss) and output.
 Run run_holdpoint(const std::string& holdpoint, const std::vector<std::string>& arguments,
-                  const std::filesystem::path& file, std::uint64_t limit_mib, const std::filesystem::path& output_file) {
+                  const std::filesystem::path& file, std::uint64_t limit_mib,
+                  const std::filesystem::path& output_file) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(holdpoint.c_str()));
   for (const std::string& argument : arguments) argv.push_back(const_cast<char*>(argument.c_str()));

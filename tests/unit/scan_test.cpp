@@ -88,7 +88,8 @@ class StructureText {
 std::string describe(const LoadedMapping& mapping) {
   std::ostringstream out;
   const FormatMarkers& m = mapping.markers;
-  out << file_format_name(mapping.format) << ' ' << mapping.sha256.hex() << ' ' << mapping.file_bytes << '\n'
+  out << file_format_name(mapping.format) << ' ' << mapping.sha256.hex() << ' ' << mapping.file_bytes
+      << " digest_checked=" << mapping.digest_checked << '\n'
       << "markers " << m.archive_name << ' ' << m.version.value_or(0) << ' ' << m.byteorder.value_or("-") << ' '
       << m.format_version.value_or(0) << ' ' << m.storage_alignment.value_or(0) << ' '
       << m.serialization_id.value_or("-") << ' ' << m.pickle_protocol << ' ' << m.legacy_protocol_version.value_or(0)
@@ -152,7 +153,7 @@ void expect_same_reading(const std::filesystem::path& path) {
   EXPECT_EQ(scanned(path, wrong).code, std::optional<ErrorCode>(ErrorCode::sha256_mismatch));
   LoadOptions right;
   right.expected_sha256 = Sha256::of(read_file_bytes(path));
-  EXPECT_EQ(scanned(path, right), expected);
+  EXPECT_EQ(scanned(path, right), loaded(path, right));
 }
 
 // ---- files to read --------------------------------------------------------------------
@@ -335,7 +336,7 @@ TEST(ScanMatchesLoad, MalformedArchiveLayouts) {
   add({pickle(), zip_entry("archive/version", "3\n")})->zip64_end = false;
   add({pickle(), zip_entry("archive/version", "3\n")})->comment = testing::bytes_of("c");
   add({pickle(), zip_entry("archive/version", "3\n"), zip_entry("archive/data/0", "abcd")});
-  add({pickle(), zip_entry("archive/version", "1234567890123456789012345678901234567890123456789012345678901234567890")});
+  add({pickle(), zip_entry("archive/version", std::string(70, '1'))});
   add({pickle(), zip_entry("archive/byteorder", "little-endian, as it happens, is what this record should say"),
        zip_entry("archive/version", "3\n")});
   add({pickle(), zip_entry("archive/version", "3\n"), zip_entry("archive/constants.pkl", "")});

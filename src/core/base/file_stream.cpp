@@ -42,7 +42,8 @@ constexpr std::uint64_t kProgressBytes = std::uint64_t{64} << 20;
 class HashRing {
  public:
   explicit HashRing(std::uint64_t size) : size_(size) {
-    for (auto& buffer : buffers_) buffer = Buffer::allocate(kStreamChunkBytes);
+    const std::uint64_t buffers = std::min<std::uint64_t>(kStreamBuffers, chunk_count());
+    for (std::uint64_t i = 0; i < buffers; ++i) buffers_[i] = Buffer::allocate(kStreamChunkBytes);
   }
 
   std::uint64_t chunk_count() const { return (size_ + kStreamChunkBytes - 1) / kStreamChunkBytes; }
@@ -99,12 +100,32 @@ class HashRing {
   Sha256 hasher_;
 };
 
+void check_nothing_follows(int fd, std::uint64_t size) {
+  std::byte probe;
+  if (pread_fully(fd, &probe, 1, size) != 0) {
+    fail(ErrorCode::file_changed_during_read, "file grew beyond ", size, " bytes while being read");
+  }
+}
+
+// A file of one chunk at most: a second thread would cost more than it saves.
+Sha256Digest stream_small_file(int fd, std::uint64_t size, const ChunkConsumer& consume,
+                               const ReadProgress& progress) {
+  std::vector<std::byte> bytes(static_cast<std::size_t>(size));
+  const std::size_t got = pread_fully(fd, bytes.data(), bytes.size(), 0);
+  if (got != size) fail(ErrorCode::file_changed_during_read, "file shrank from ", size, " to ", got, " bytes");
+  if (consume) consume(0, bytes);
+  if (progress) progress(size, size);
+  check_nothing_follows(fd, size);
+  return Sha256::of(bytes);
+}
+
 }  // namespace
 
 Sha256Digest stream_file(int fd, const std::string& label, std::uint64_t size, const ChunkConsumer& consume,
                          const ReadProgress& progress) {
   try {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    if (size <= kStreamChunkBytes) return stream_small_file(fd, size, consume, progress);
     HashRing ring(size);
     std::thread hash_thread([&ring] { ring.hash_all(); });
     try {
@@ -125,17 +146,13 @@ Sha256Digest stream_file(int fd, const std::string& label, std::uint64_t size, c
         const std::uint64_t done = offset + want;
         if (progress && (done % kProgressBytes == 0 || done == size)) progress(done, size);
       }
-      std::byte probe;
-      if (pread_fully(fd, &probe, 1, size) != 0) {
-        fail(ErrorCode::file_changed_during_read, "file grew beyond ", size, " bytes while being read");
-      }
+      check_nothing_follows(fd, size);
     } catch (...) {
       ring.abandon();
       hash_thread.join();
       throw;
     }
     hash_thread.join();
-    if (size == 0 && progress) progress(0, 0);
     return ring.finish();
   } catch (const Error& error) {
     throw error.with_path(label);

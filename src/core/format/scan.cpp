@@ -169,7 +169,8 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
         break;
       }
       case FileFormat::safetensors: {
-        const auto header = pre_read.read(0, static_cast<std::size_t>(format::safetensors_head_bytes(head, file_size, limits)));
+        const auto header_end = format::safetensors_head_bytes(head, file_size, limits);
+        const auto header = pre_read.read(0, static_cast<std::size_t>(header_end));
         safetensors = format::read_safetensors_header(
             header, file_size,
             [](std::uint64_t, std::uint64_t size) { return Storage::absent(static_cast<std::size_t>(size)); }, limits);
@@ -220,6 +221,7 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
   mapping.root = std::move(parsed.root);
   mapping.format = parsed.format;
   mapping.sha256 = digest;
+  mapping.digest_checked = options.expected_sha256.has_value();
   mapping.file_bytes = file_size;
   mapping.markers = std::move(parsed.markers);
   mapping.records = std::move(parsed.records);
@@ -231,7 +233,8 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
 LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {
   io::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
-    throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno))).with_path(path.string());
+    throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno)))
+        .with_path(path.string());
   }
   try {
     struct stat info {};

@@ -51,7 +51,15 @@ class ZipStreamChecker {
   std::span<const std::byte> kept(const ZipEntry& entry) const;
 
  private:
-  enum class Step : std::uint8_t { header_start, header_rest, payload, descriptor_start, descriptor_rest, done, failed };
+  enum class Step : std::uint8_t {
+    header_start,
+    header_rest,
+    payload,
+    descriptor_start,
+    descriptor_rest,
+    done,
+    failed,
+  };
 
   // Copies bytes into scratch_ until it holds `wanted` bytes; true when it does.
   bool gather(std::span<const std::byte>& bytes, std::size_t wanted);
