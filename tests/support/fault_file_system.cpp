@@ -325,7 +325,7 @@ class FaultDirectory final : public io::Directory {
   }
 
   io::Snapshot read(const std::string& name, std::uint64_t max_bytes, const std::optional<Sha256Digest>& expected,
-                    const io::ReadProgress& progress) override {
+                    const io::ReadProgress& progress, const io::SnapshotParser& parse) override {
     require_plain_name(name, path_);
     const auto target = path_ / name;
     io::Snapshot snapshot;
@@ -347,6 +347,8 @@ class FaultDirectory final : public io::Directory {
     }
     // Outside the mutex, so a progress callback may use the file system.
     if (progress) progress(snapshot.buffer->size(), snapshot.buffer->size());
+    // The digest was checked above, so the parser runs after it here.
+    if (parse) parse(snapshot.buffer, [] {});
     return snapshot;
   }
 

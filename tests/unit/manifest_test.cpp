@@ -172,7 +172,8 @@ TEST(Manifest, ToValueWritesTheDocumentedLayout) {
   for (const auto& [key, item] : top) keys.push_back(key.as_string());
   EXPECT_EQ(keys, (std::vector<std::string>{"schema", "schema_version", "kind", "semantic_identity", "profile",
                                             "config", "config_identity", "components", "versions", "code_identity",
-                                            "data_identity", "last_resume_drift"}));
+                                            "data_identity", "last_resume_drift", "storage_digest"}));
+  EXPECT_EQ(top.at("storage_digest").as_string(), "xxh3-128");
   EXPECT_EQ(top.at("schema").as_string(), kCheckpointSchema);
   EXPECT_EQ(top.at("schema_version").as_int(), kCheckpointSchemaVersion);
   EXPECT_EQ(top.at("kind").as_string(), "resume");
@@ -302,6 +303,29 @@ TEST(ManifestRejects, EachMissingTopLevelField) {
     SCOPED_TRACE(field);
     EXPECT_ERROR_CODE(Manifest::from_value(without_field(value, {}, field)), ErrorCode::schema_field_missing);
   }
+}
+
+TEST(Manifest, StorageDigestKindRoundTripsAndDefaultsToSha256WhenAbsent) {
+  EXPECT_EQ(Manifest::from_value(sample_manifest().to_value()).storage_digest, StorageDigestKind::xxh3_128);
+  // Files written before the field existed used SHA-256 storage digests.
+  const Value old = without_field(sample_manifest().to_value(), {}, "storage_digest");
+  EXPECT_EQ(Manifest::from_value(old).storage_digest, StorageDigestKind::sha256);
+  Manifest legacy = sample_manifest();
+  legacy.storage_digest = StorageDigestKind::sha256;
+  EXPECT_FALSE(legacy.to_value().as_dict().find(std::string_view("storage_digest")));
+  EXPECT_EQ(Manifest::from_value(legacy.to_value()).storage_digest, StorageDigestKind::sha256);
+}
+
+TEST(ManifestRejects, AnUnknownStorageDigestKind) {
+  const Value value = sample_manifest().to_value();
+  // Only the kind this build computes is named; sha256 is spelled by absence.
+  for (const char* name : {"sha256", "xxh3-64", "", "XXH3-128"}) {
+    SCOPED_TRACE(name);
+    EXPECT_ERROR_CODE(Manifest::from_value(with_field(value, {}, "storage_digest", Value::string(name))),
+                      ErrorCode::schema_field_invalid);
+  }
+  EXPECT_ERROR_CODE(Manifest::from_value(with_field(value, {}, "storage_digest", Value::integer(1))),
+                    ErrorCode::schema_field_invalid);
 }
 
 TEST(ManifestRejects, AnUnknownTopLevelField) {
@@ -553,21 +577,25 @@ Value tensor_of(DType dtype, std::vector<std::int64_t> sizes, const std::vector<
   return Value::tensor(TensorData::from_bytes(dtype, std::move(sizes), bytes));
 }
 
-Sha256Digest digest(const Value& state) {
-  StorageDigests storages;
+Sha256Digest digest(const Value& state, StorageDigestKind kind = StorageDigestKind::xxh3_128) {
+  StorageDigests storages(kind);
   return component_digest(state, storages);
 }
 
 TEST(ComponentDigest, MatchesTheDocumentedEncoding) {
   // Known answers computed with Python's hashlib over the encoding manifest.cpp
   // documents: a type tag, little-endian u64 lengths, and for a tensor its
-  // dtype, geometry and the SHA-256 of its storage.
+  // dtype, geometry and the digest of its storage (XXH3-128 from libxxhash
+  // through ctypes, canonical byte order; SHA-256 for files without
+  // storage_digest).
   EXPECT_EQ(digest(Value::none()).hex(), "8ce86a6ae65d3692e7305e2c58ac62eebd97d3d943e093f577da25c36988246b");
   Dict dict;
   dict.insert("a", Value::integer(1));
   EXPECT_EQ(digest(Value::dict(std::move(dict))).hex(),
             "5e4951fb3a5132b1c093102b0070cef7885056314e85816f6436788403dd6392");
-  EXPECT_EQ(digest(tensor_of<float>(DType::float32, {2}, {1.0f, 2.0f})).hex(),
+  const Value tensor = tensor_of<float>(DType::float32, {2}, {1.0f, 2.0f});
+  EXPECT_EQ(digest(tensor).hex(), "87d1240252ff2616fe69bdb5a6f63292f4aa8d9077049c0258fcafcfc18ff3b7");
+  EXPECT_EQ(digest(tensor, StorageDigestKind::sha256).hex(),
             "1c7aee93f7e999caf760d2b7e43a06bd77341e864337465ebb8a454754279be5");
 }
 
@@ -629,12 +657,20 @@ TEST(ComponentDigest, TensorsCountByDtypeGeometryFlagsAndBytes) {
 TEST(ComponentDigest, EachStorageIsHashedOnceAndRecordedDigestsAreReused) {
   const Value tensor = tensor_of<float>(DType::float32, {2}, {1.0f, 2.0f});
   const Storage& storage = *tensor.as_tensor().storage;
-  StorageDigests storages;
-  EXPECT_EQ(storages.of(storage), Sha256::of(storage.bytes()));
+  StorageDigests by_sha(StorageDigestKind::sha256);
+  const Sha256Digest sha = Sha256::of(storage.bytes());
+  EXPECT_EQ(by_sha.of(storage).size, 32);
+  EXPECT_TRUE(std::equal(sha.bytes.begin(), sha.bytes.end(), by_sha.of(storage).bytes.begin()));
+  StorageDigests by_xxh3;
+  EXPECT_EQ(by_xxh3.of(storage).size, 16);
+  EXPECT_EQ(by_xxh3.kind(), StorageDigestKind::xxh3_128);
   // A digest set by the writer (computed while streaming) is the one used.
   StorageDigests preset;
-  preset.set(storage.identity(), digest_of("streamed"));
-  EXPECT_EQ(preset.of(storage), digest_of("streamed"));
+  StorageDigest streamed;
+  streamed.bytes[0] = 0x5a;
+  streamed.size = 16;
+  preset.set(storage.identity(), streamed);
+  EXPECT_EQ(preset.of(storage).bytes[0], 0x5a);
   EXPECT_NE(component_digest(tensor, preset), digest(tensor));
 }
 

@@ -79,10 +79,11 @@ class Directory {
   // included, already has that name.
   virtual std::unique_ptr<WritableFile> create_exclusive(const std::string& name) = 0;
   // Reads the regular file `name` whole into private memory while hashing it
-  // (see read_snapshot); a symlink is refused.
+  // (see read_snapshot, which also says how `parse` may run while the hash
+  // finishes); a symlink is refused.
   virtual Snapshot read(const std::string& name, std::uint64_t max_bytes,
                         const std::optional<Sha256Digest>& expected = std::nullopt,
-                        const ReadProgress& progress = {}) = 0;
+                        const ReadProgress& progress = {}, const SnapshotParser& parse = {}) = 0;
   // The regular file `name` mapped from the page cache, neither copied nor
   // hashed (the snapshot's sha256 is left zero); writes to the buffer stay
   // private. Only for a file this process has just written and no one else

@@ -3,9 +3,11 @@
 // read_snapshot reads the file at `path` exactly once into a buffer no other
 // process can change, computing SHA-256 as the bytes arrive (on a second
 // thread, so hashing overlaps reading). When an expected digest is given it is
-// compared before the function returns, so callers parse only bytes that were
-// hashed and, if asked, verified. The file must not change size while it is
-// read.
+// compared before the function returns. A caller may parse the buffer while
+// the hash finishes (SnapshotParser), since the parser is built for hostile
+// bytes and only reads; nothing it produced is used unless the digest
+// matched, so what callers use comes only from bytes that were hashed and, if
+// asked, verified. The file must not change size while it is read.
 //
 // Failure contract: throws holdpoint::Error (io_open_failed,
 // io_not_regular_file, file_too_large, io_read_failed,
@@ -60,14 +62,24 @@ struct Snapshot {
 // MiB of a large file, and once at the end.
 using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
+// Runs on the reading thread once every byte is in the buffer, possibly while
+// the SHA-256 is still being computed (parsing while hashing). It may read the
+// buffer freely; before anything writes to it, it must call `await_digest`,
+// which waits for the digest and checks it (sha256_mismatch). Whatever it
+// produces must not be used unless read_snapshot returns normally: a digest
+// mismatch is thrown even when the parser succeeded, and takes precedence over
+// the parser's own error.
+using SnapshotParser =
+    std::function<void(const std::shared_ptr<Buffer>& buffer, const std::function<void()>& await_digest)>;
+
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,
-                       const ReadProgress& progress = {});
+                       const ReadProgress& progress = {}, const SnapshotParser& parse = {});
 
 // The same from an open descriptor (not closed here); `label` names the file
 // in errors.
 Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t max_bytes,
                                const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,
-                               const ReadProgress& progress = {});
+                               const ReadProgress& progress = {}, const SnapshotParser& parse = {});
 
 }  // namespace holdpoint::io

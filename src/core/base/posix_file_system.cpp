@@ -75,7 +75,7 @@ class PosixDirectory final : public Directory {
   }
 
   Snapshot read(const std::string& name, std::uint64_t max_bytes, const std::optional<Sha256Digest>& expected,
-                const ReadProgress& progress) override {
+                const ReadProgress& progress, const SnapshotParser& parse) override {
     // O_NONBLOCK: opening a FIFO planted at `name` would otherwise wait for a
     // writer forever; read_snapshot_from_fd then refuses it as not regular.
     // Regular files ignore the flag.
@@ -85,7 +85,7 @@ class PosixDirectory final : public Directory {
       int fd;
       ~Closer() { ::close(fd); }
     } closer{fd};
-    return read_snapshot_from_fd(fd, (path_ / name).string(), max_bytes, expected, progress);
+    return read_snapshot_from_fd(fd, (path_ / name).string(), max_bytes, expected, progress, parse);
   }
 
   Snapshot map(const std::string& name, std::uint64_t max_bytes) override {

@@ -68,99 +68,149 @@ std::shared_ptr<Buffer> Buffer::map_file(int fd, std::size_t size) {
 Buffer::~Buffer() { ::munmap(data_, mapped_); }
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
-                       const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress) {
+                       const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress,
+                       const SnapshotParser& parse) {
   FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno))).with_path(path.string());
   }
-  return read_snapshot_from_fd(fd.get(), path.string(), max_bytes, expected_sha256, progress);
+  return read_snapshot_from_fd(fd.get(), path.string(), max_bytes, expected_sha256, progress, parse);
 }
 
-Snapshot read_snapshot_from_fd(int raw_fd, const std::string& label, std::uint64_t max_bytes,
-                               const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress) {
+namespace {
+
+// The reading half of read_snapshot_from_fd: fills `data` from `fd` while a
+// second thread hashes behind it (large files) or hashes after it (small
+// ones). `finish_hash` joins the hasher; it is idempotent.
+class SnapshotReader {
+ public:
+  SnapshotReader(int fd, std::byte* data, std::size_t size, const std::filesystem::path& path,
+                 const ReadProgress& progress)
+      : fd_(fd), data_(data), size_(size), path_(path), progress_(progress) {}
+  ~SnapshotReader() { stop(); }
+
+  void read() {
+    if (size_ < kThreadedHashBytes) {
+      const std::size_t got = read_fully(fd_, data_, size_, path_);
+      if (got != size_) fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", got, " bytes");
+      hasher_.update(data_, size_);
+      if (progress_) progress_(size_, size_);
+      return;
+    }
+    // The reader (this thread) publishes how far the buffer is filled; the
+    // hasher follows behind. SHA-256 is sequential, so this is the best two
+    // cores can do for one stream.
+    hash_thread_ = std::thread([this] { hash_loop(); });
+    try {
+      std::size_t done = 0;
+      while (done < size_) {
+        // A small first piece lets the hasher start almost at once.
+        const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
+        const std::size_t want = std::min<std::size_t>(chunk, size_ - done);
+        // Faulting the pages in one call is cheaper than faulting them one
+        // by one inside read(); kernels before 5.14 ignore the advice.
+        ::madvise(data_ + done, want, MADV_POPULATE_WRITE);
+        const std::size_t got = read_fully(fd_, data_ + done, want, path_);
+        done += got;
+        filled_.store(done, std::memory_order_release);
+        filled_.notify_one();
+        if (progress_ && (done % kProgressBytes < want || done == size_)) progress_(done, size_);
+        if (got != want) fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", done, " bytes");
+      }
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+
+  Sha256Digest finish_hash() {
+    if (hash_thread_.joinable()) hash_thread_.join();
+    if (!digest_) digest_ = hasher_.finish();
+    return *digest_;
+  }
+
+ private:
+  void hash_loop() {
+    std::size_t hashed = 0;
+    while (hashed < size_) {
+      const std::size_t available = filled_.load(std::memory_order_acquire);
+      if (stopping_.load(std::memory_order_acquire)) return;
+      if (available == hashed) {
+        filled_.wait(hashed, std::memory_order_acquire);
+        continue;
+      }
+      const std::size_t piece = std::min(available - hashed, kChunkBytes);
+      hasher_.update(data_ + hashed, piece);
+      hashed += piece;
+    }
+  }
+
+  // Moves `filled_` off any value the hasher may be waiting on, and joins it.
+  void stop() noexcept {
+    if (!hash_thread_.joinable()) return;
+    stopping_.store(true, std::memory_order_release);
+    filled_.store(SIZE_MAX, std::memory_order_release);
+    filled_.notify_one();
+    hash_thread_.join();
+  }
+
+  int fd_;
+  std::byte* data_;
+  std::size_t size_;
+  const std::filesystem::path& path_;
+  const ReadProgress& progress_;
+  Sha256 hasher_;
+  std::optional<Sha256Digest> digest_;
+  std::atomic<std::size_t> filled_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread hash_thread_;
+};
+
+}  // namespace
+
+Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t max_bytes,
+                               const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress,
+                               const SnapshotParser& parse) {
   const std::filesystem::path path(label);
   try {
-    struct Borrowed {
-      int value;
-      int get() const noexcept { return value; }
-    } fd{raw_fd};
     struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) fail(ErrorCode::io_open_failed, "cannot stat: ", std::strerror(errno));
+    if (::fstat(fd, &info) != 0) fail(ErrorCode::io_open_failed, "cannot stat: ", std::strerror(errno));
     if (!S_ISREG(info.st_mode)) fail(ErrorCode::io_not_regular_file, "not a regular file");
     const auto size = static_cast<std::uint64_t>(info.st_size);
     if (size > max_bytes) {
       fail(ErrorCode::file_too_large, "file is ", size, " bytes, above the limit of ", max_bytes,
            " (Limits::max_file_bytes)");
     }
-    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 
     Snapshot snapshot;
     snapshot.buffer = Buffer::allocate(static_cast<std::size_t>(size));
-    std::byte* data = snapshot.buffer->data();
-    Sha256 hasher;
-
-    if (size < kThreadedHashBytes) {
-      const std::size_t got = read_fully(fd.get(), data, size, path);
-      if (got != size) fail(ErrorCode::file_changed_during_read, "file shrank from ", size, " to ", got, " bytes");
-      hasher.update(data, size);
-      if (progress) progress(size, size);
-    } else {
-      // The reader (this thread) publishes how far the buffer is filled; the
-      // hasher follows behind. SHA-256 is sequential, so this is the best two
-      // cores can do for one stream.
-      std::atomic<std::size_t> filled{0};
-      std::atomic<bool> reader_failed{false};
-      std::thread hash_thread([&] {
-        std::size_t hashed = 0;
-        while (hashed < size) {
-          const std::size_t available = filled.load(std::memory_order_acquire);
-          if (reader_failed.load(std::memory_order_acquire)) return;
-          if (available == hashed) {
-            filled.wait(hashed, std::memory_order_acquire);
-            continue;
-          }
-          const std::size_t piece = std::min(available - hashed, kChunkBytes);
-          hasher.update(data + hashed, piece);
-          hashed += piece;
-        }
-      });
-      try {
-        std::size_t done = 0;
-        while (done < size) {
-          // A small first piece lets the hasher start almost at once.
-          const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
-          const std::size_t want = std::min<std::size_t>(chunk, size - done);
-          // Faulting the pages in one call is cheaper than faulting them one
-          // by one inside read(); kernels before 5.14 ignore the advice.
-          ::madvise(data + done, want, MADV_POPULATE_WRITE);
-          const std::size_t got = read_fully(fd.get(), data + done, want, path);
-          done += got;
-          filled.store(done, std::memory_order_release);
-          filled.notify_one();
-          if (progress && (done % kProgressBytes < want || done == size)) progress(done, size);
-          if (got != want) {
-            fail(ErrorCode::file_changed_during_read, "file shrank from ", size, " to ", done, " bytes");
-          }
-        }
-      } catch (...) {
-        // Move `filled` off any value the hasher may be waiting on.
-        reader_failed.store(true, std::memory_order_release);
-        filled.store(SIZE_MAX, std::memory_order_release);
-        filled.notify_one();
-        hash_thread.join();
-        throw;
-      }
-      hash_thread.join();
-    }
-
+    SnapshotReader reader(fd, snapshot.buffer->data(), static_cast<std::size_t>(size), path, progress);
+    reader.read();
     std::byte probe;
-    if (read_fully(fd.get(), &probe, 1, path) != 0) {
+    if (read_fully(fd, &probe, 1, path) != 0) {
       fail(ErrorCode::file_changed_during_read, "file grew beyond ", size, " bytes while being read");
     }
-    snapshot.sha256 = hasher.finish();
-    if (expected_sha256 && !(*expected_sha256 == snapshot.sha256)) {
-      fail(ErrorCode::sha256_mismatch, "SHA-256 is ", snapshot.sha256.hex(), ", expected ", expected_sha256->hex());
+    const auto check_digest = [&] {
+      snapshot.sha256 = reader.finish_hash();
+      if (expected_sha256 && !(*expected_sha256 == snapshot.sha256)) {
+        fail(ErrorCode::sha256_mismatch, "SHA-256 is ", snapshot.sha256.hex(), ", expected ", expected_sha256->hex());
+      }
+    };
+    // The parser may run while the hasher finishes: it reads the same private
+    // bytes the hasher reads, and its result is handed out only below, once
+    // the digest is known and matched. A digest mismatch is reported ahead of
+    // anything the parser found, since the bytes are not the expected ones.
+    std::exception_ptr parse_failure;
+    if (parse) {
+      try {
+        parse(snapshot.buffer, check_digest);
+      } catch (...) {
+        parse_failure = std::current_exception();
+      }
     }
+    check_digest();
+    if (parse_failure) std::rethrow_exception(parse_failure);
     return snapshot;
   } catch (const Error& error) {
     throw error.with_path(path.string());

@@ -11,6 +11,7 @@
 #include "format/pt_reader.h"
 #include "format/pt_writer.h"
 #include "format/sidecar.h"
+#include "format/snapshot_parser.h"
 #include "format/safetensors/safetensors.h"
 #include "holdpoint/base/snapshot.h"
 #include "format/publish_file.h"
@@ -30,8 +31,8 @@ std::string_view file_format_name(FileFormat format) noexcept {
 }
 
 LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr<const void> owner,
-                                     const Limits& limits) {
-  format::ParsedFile parsed = format::read_checkpoint_file(bytes, owner, limits);
+                                     const Limits& limits, const std::function<void()>& before_in_place_write) {
+  format::ParsedFile parsed = format::read_checkpoint_file(bytes, owner, limits, before_in_place_write);
   LoadedMapping mapping;
   mapping.root = std::move(parsed.root);
   mapping.format = parsed.format;
@@ -42,11 +43,10 @@ LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr
 }
 
 LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options) {
-  io::Snapshot snapshot =
-      io::read_snapshot(path, options.limits.max_file_bytes, options.expected_sha256, options.progress);
+  LoadedMapping mapping;
   try {
-    auto buffer = snapshot.buffer;
-    LoadedMapping mapping = parse_checkpoint_bytes(buffer->bytes(), buffer, options.limits);
+    const io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, options.expected_sha256,
+                                                    options.progress, format::checkpoint_parser(mapping, options.limits));
     mapping.sha256 = snapshot.sha256;
     mapping.digest_checked = options.expected_sha256.has_value();
     return mapping;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "format/sidecar.h"
+#include "format/snapshot_parser.h"
 #include "base/fail.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/schema/manifest.h"
@@ -243,8 +244,9 @@ LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
   const Impl& d = *impl_;
   try {
     if (!d.checkpoints) fail(ErrorCode::run_generation_missing, "there is no checkpoints/ directory");
-    io::Snapshot snapshot = d.checkpoints->read(generation.name, d.options.limits.max_file_bytes, generation.sha256);
-    LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, d.options.limits);
+    LoadedMapping mapping;
+    const io::Snapshot snapshot = d.checkpoints->read(generation.name, d.options.limits.max_file_bytes,
+                                                      generation.sha256, {}, format::checkpoint_parser(mapping, d.options.limits));
     mapping.sha256 = snapshot.sha256;
     mapping.digest_checked = true;  // against the run index's record
     return mapping;

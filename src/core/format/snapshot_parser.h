@@ -1,0 +1,19 @@
+// A SnapshotParser (holdpoint/base/snapshot.h) that parses a checkpoint while
+// its SHA-256 is still being computed, for the reads that return a mapping:
+// load_checkpoint_mapping and RunDirectory::load. `out` is filled on the
+// reading thread and may be used only if the read returns normally (the
+// digest matched); a big-endian archive is byte-swapped only after that.
+#pragma once
+
+#include "holdpoint/base/snapshot.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+
+namespace holdpoint::format {
+
+inline io::SnapshotParser checkpoint_parser(LoadedMapping& out, const Limits& limits) {
+  return [&out, &limits](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest) {
+    out = parse_checkpoint_bytes(buffer->bytes(), buffer, limits, await_digest);
+  };
+}
+
+}  // namespace holdpoint::format
