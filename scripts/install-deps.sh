@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config time
   libtorch-dev libgloo-dev
   libssl-dev zlib1g-dev libisal-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libpcg-cpp-dev
