@@ -56,12 +56,10 @@ LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const L
 
 // Parses a file already in memory (the fuzz targets and the CLI use this).
 // `bytes` must stay alive and unchanged while the result is used, unless
-// `owner` keeps it alive: tensors in the result hold `owner`. The parser
-// writes into `bytes` only to byte-swap a big-endian archive, and calls
-// `before_in_place_write` (if set) first.
+// `owner` keeps it alive: tensors in the result hold `owner`. See
+// ParseContext for parsing while the bytes are still being hashed.
 LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr<const void> owner,
-                                     const Limits& limits = {},
-                                     const std::function<void()>& before_in_place_write = {});
+                                     const Limits& limits = {}, const ParseContext& context = {});
 
 struct SaveOptions {
   FileFormat format = FileFormat::pytorch_zip;  // pytorch_legacy is not writable

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -50,6 +51,14 @@ struct FormatMarkers {
   std::map<std::string, std::string> safetensors_metadata;
   // A human-readable guess at the producing torch version range.
   std::string producer;
+};
+
+// How a checkpoint already in memory is parsed (parse_checkpoint_bytes).
+struct ParseContext {
+  // Called before the parser writes into the bytes, which it does only to
+  // byte-swap a big-endian archive: a caller parsing while another thread
+  // still hashes the bytes waits there.
+  std::function<void()> before_in_place_write;
 };
 
 struct LoadedMapping {

@@ -31,8 +31,8 @@ std::string_view file_format_name(FileFormat format) noexcept {
 }
 
 LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr<const void> owner,
-                                     const Limits& limits, const std::function<void()>& before_in_place_write) {
-  format::ParsedFile parsed = format::read_checkpoint_file(bytes, owner, limits, before_in_place_write);
+                                     const Limits& limits, const ParseContext& context) {
+  format::ParsedFile parsed = format::read_checkpoint_file(bytes, owner, limits, context);
   LoadedMapping mapping;
   mapping.root = std::move(parsed.root);
   mapping.format = parsed.format;

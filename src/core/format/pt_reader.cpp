@@ -164,8 +164,7 @@ std::string describe_producer(const FormatMarkers& markers) {
 }
 
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
-                               const Limits& limits,
-                               const std::function<void()>& before_in_place_write) {
+                               const Limits& limits, const ParseContext& context) {
   // TorchScript archives are named as such even when they would fail a zip
   // check first (their code/ records are often deflated).
   const ZipArchive archive = read_zip_directory(file, limits, screen_torchscript_record);
@@ -181,7 +180,7 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   const ZipEntry* byteorder = archive.find("byteorder");
   const bool swaps_in_place = byteorder && byteorder->size == 3 && as_text(zip_entry_bytes(file, *byteorder)) == "big";
   if (swaps_in_place) {
-    if (before_in_place_write) before_in_place_write();
+    if (context.before_in_place_write) context.before_in_place_write();
     verify_zip_crcs(archive, file, limits);
     return interpret_zip_records(archive, source, limits);
   }
@@ -357,12 +356,12 @@ void fail_unknown_format(std::span<const std::byte> head) {
 
 ParsedFile read_checkpoint_file(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
                                 const Limits& limits,
-                                const std::function<void()>& before_in_place_write) {
+                                const ParseContext& context) {
   if (file.size() > limits.max_file_bytes) {
     fail(ErrorCode::file_too_large, "file is ", file.size(), " bytes, above the limit of ", limits.max_file_bytes);
   }
   switch (detect_format(file)) {
-    case FileFormat::pytorch_zip: return read_zip_checkpoint(file, owner, limits, before_in_place_write);
+    case FileFormat::pytorch_zip: return read_zip_checkpoint(file, owner, limits, context);
     case FileFormat::pytorch_legacy: {
       LegacyStream stream = read_legacy_stream(file, owner, limits);
       ParsedFile parsed;

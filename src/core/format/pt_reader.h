@@ -51,11 +51,10 @@ std::optional<FileFormat> detect_format(std::span<const std::byte> head, std::ui
 // undecided case (safetensors_whitespace_verdict false) itself.
 [[noreturn]] void fail_unknown_format(std::span<const std::byte> head);
 
-// `before_in_place_write` (if set) is called before the reader writes into
-// `file`, which it does only to byte-swap a big-endian archive: a caller that
-// parses while another thread still hashes the bytes waits there.
+// `context` (holdpoint/format/loaded_mapping.h): a hook before the one
+// in-place write (a big-endian byte swap).
 ParsedFile read_checkpoint_file(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
-                                const Limits& limits, const std::function<void()>& before_in_place_write = {});
+                                const Limits& limits, const ParseContext& context = {});
 
 // The ParsedFile of a safetensors file (read_safetensors or
 // read_safetensors_header).

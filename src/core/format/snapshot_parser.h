@@ -12,7 +12,9 @@ namespace holdpoint::format {
 
 inline io::SnapshotParser checkpoint_parser(LoadedMapping& out, const Limits& limits) {
   return [&out, &limits](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest) {
-    out = parse_checkpoint_bytes(buffer->bytes(), buffer, limits, await_digest);
+    ParseContext context;
+    context.before_in_place_write = await_digest;
+    out = parse_checkpoint_bytes(buffer->bytes(), buffer, limits, context);
   };
 }
 
