@@ -9,9 +9,12 @@
 //   apply     make the live objects hold a validated Value;
 //   contract  the structure (keys, kinds, tensor dtypes and shapes) the
 //             manifest records, so a file is checked before any component runs.
-// TrainingState validates every component before applying any, captures a
-// copy of each component before applying it, and on a failure applies those
-// copies back in reverse order.
+// TrainingState validates every component before applying any. Components
+// that can stage their state (stage) prepare it first, without changing
+// anything; the others are then applied in order, each after a copy of it was
+// captured, and on a failure those copies are applied back in reverse order;
+// only when all of them succeeded are the staged states installed, which
+// cannot fail.
 //
 // Failure contract: validate throws holdpoint::Error (state_* codes) naming
 // the component, the field and the expected and found values. apply may throw
@@ -21,6 +24,7 @@
 // Thread-safety: components are used from one thread at a time.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "holdpoint/format/value.h"
@@ -47,6 +51,14 @@ class Component {
   virtual Value capture(CaptureMode mode) const = 0;
   virtual void validate(const Value& state) const = 0;
   virtual void apply(const Value& state) = 0;
+  // Two-phase apply, for a component that can do every step that may fail
+  // without touching its live objects: prepares the validated `state` and
+  // returns the step that installs it, which must not throw. TrainingState then
+  // keeps no rollback copy of the component (copying a large model and its
+  // optimizer state into fresh memory costs more than reading them). `state`
+  // outlives the returned step. Default: an empty function, meaning apply()
+  // with a rollback copy.
+  virtual std::function<void()> stage(const Value& state);
   // Default: contract_of(capture(CaptureMode::reference)).
   virtual Value contract() const;
   // Adds what this component knows about the setup to `facts` (the model's

@@ -33,6 +33,9 @@ class ModuleState final : public Component {
   Value capture(CaptureMode mode) const override;
   void validate(const Value& state) const override;
   void apply(const Value& state) override;
+  // On the CPU, installing a validated state is a copy between tensors of the
+  // same dtype and shape, which cannot fail; elsewhere it stages nothing.
+  std::function<void()> stage(const Value& state) override;
   void describe(ProfileFacts& facts) const override;
 
   torch::nn::Module& module() noexcept { return module_; }

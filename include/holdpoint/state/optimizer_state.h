@@ -83,6 +83,9 @@ class OptimizerState final : public Component {
   Value capture(CaptureMode mode) const override;
   void validate(const Value& state) const override;
   void apply(const Value& state) override;
+  // Builds the new state (copying its tensors) without touching the live
+  // optimizer; the returned step swaps it in.
+  std::function<void()> stage(const Value& state) override;
 
   // One entry per parameter group (groups added later have none until set).
   const std::vector<SchedulerGroupKeys>& scheduler_group_keys() const noexcept { return scheduler_keys_; }

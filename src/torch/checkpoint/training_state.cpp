@@ -399,15 +399,43 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
   }
 }
 
+namespace {
+
+[[noreturn]] void fail_apply(const std::string& component, const std::exception& failure, std::string_view outcome) {
+  const Error* known = dynamic_cast<const Error*>(&failure);
+  fail(ErrorCode::state_apply_failed, "applying component '", component, "' failed (",
+       known ? error_code_name(known->code()) : std::string_view("exception"), ": ",
+       known ? known->detail() : std::string(failure.what()), "); ", outcome);
+}
+
+}  // namespace
+
 LoadReport TrainingState::apply_transactionally(const Value& root, LoadReport report) {
+  std::vector<std::pair<Component*, const Value*>> order;
+  for (Component* c : apply_order()) {
+    if (const Value* state = root.as_dict().find(c->name())) order.emplace_back(c, state);
+  }
+  // 1. Components that can stage their state prepare it; nothing live changes.
+  //    (The test hook observes each component right after it is applied, so
+  //    with a hook every component takes the rollback path.)
+  std::vector<std::function<void()>> installs(order.size());
+  if (!after_apply_hook_) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      try {
+        installs[i] = order[i].first->stage(*order[i].second);
+      } catch (const std::exception& failure) {
+        fail_apply(order[i].first->name(), failure, "nothing was applied");
+      }
+    }
+  }
+  // 2. The others, in order, each after a rollback copy of it was captured.
   std::vector<std::pair<Component*, Value>> applied;  // with the copy taken just before
   try {
-    for (Component* c : apply_order()) {
-      const Value* state = root.as_dict().find(c->name());
-      if (!state) continue;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (installs[i]) continue;
+      Component* c = order[i].first;
       applied.emplace_back(c, c->capture(CaptureMode::copy));
-      c->apply(*state);
-      report.restored.push_back(c->name());
+      c->apply(*order[i].second);
       if (after_apply_hook_) after_apply_hook_(c->name());
     }
   } catch (const std::exception& failure) {
@@ -420,11 +448,13 @@ LoadReport TrainingState::apply_transactionally(const Value& root, LoadReport re
         rollback_failures += detail::concat("; restoring '", it->first->name(), "' failed too: ", error.what());
       }
     }
-    const Error* known = dynamic_cast<const Error*>(&failure);
-    fail(ErrorCode::state_apply_failed, "applying component '", applied.empty() ? "?" : applied.back().first->name(),
-         "' failed (", known ? error_code_name(known->code()) : std::string_view("exception"), ": ",
-         known ? known->detail() : std::string(failure.what()), "); every component applied before it was restored",
-         rollback_failures);
+    fail_apply(applied.empty() ? "?" : applied.back().first->name(), failure,
+               "every component applied before it was restored" + rollback_failures);
+  }
+  // 3. The staged states, which cannot fail to install.
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (installs[i]) installs[i]();
+    report.restored.push_back(order[i].first->name());
   }
   return report;
 }

@@ -6,6 +6,8 @@ Value Component::contract() const { return contract_of(capture(CaptureMode::refe
 
 void Component::describe(ProfileFacts&) const {}
 
+std::function<void()> Component::stage(const Value&) { return {}; }
+
 Value contract_of(const Value& state) {
   switch (state.kind()) {
     case ValueKind::tensor: {

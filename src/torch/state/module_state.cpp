@@ -62,6 +62,13 @@ void ModuleState::apply(const Value& value) {
   for (auto& [key, tensor] : named_state(module_)) state::copy_into(tensor, entries.at(key).as_tensor());
 }
 
+std::function<void()> ModuleState::stage(const Value& value) {
+  for (const auto& [key, tensor] : named_state(module_)) {
+    if (!tensor.device().is_cpu()) return {};
+  }
+  return [this, &value] { apply(value); };
+}
+
 void ModuleState::describe(ProfileFacts& facts) const {
   bool on_cpu = true;
   bool on_first_cuda = true;

@@ -705,24 +705,37 @@ Value OptimizerState::capture(CaptureMode mode) const {
 
 void OptimizerState::validate(const Value& state) const { read_state(name_, *optimizer_, state, false); }
 
-void OptimizerState::apply(const Value& state) {
-  const OptimizerKind kind = kind_of(*optimizer_);
-  RestoredState restored = read_state(name_, *optimizer_, state, true);
-  LibTorchState new_state;
+void OptimizerState::apply(const Value& state) { stage(state)(); }
+
+std::function<void()> OptimizerState::stage(const Value& state) {
+  struct Staged {
+    OptimizerKind kind;
+    RestoredState restored;
+    LibTorchState new_state;
+  };
+  auto staged = std::make_shared<Staged>();
+  staged->kind = kind_of(*optimizer_);
+  staged->restored = read_state(name_, *optimizer_, state, true);
   std::size_t index = 0;
   for (const auto& group : optimizer_->param_groups()) {
     for (const at::Tensor& param : group.params()) {
-      if (restored.param_states[index]) new_state.emplace(state_key(param), std::move(restored.param_states[index]));
+      if (staged->restored.param_states[index]) {
+        staged->new_state.emplace(state_key(param), std::move(staged->restored.param_states[index]));
+      }
       ++index;
     }
   }
-  // Nothing below can throw: the live optimizer changes all at once or not at all.
-  auto& groups = optimizer_->param_groups();
-  for (std::size_t g = 0; g < groups.size(); ++g) assign_options(kind, groups[g].options(), *restored.group_options[g]);
-  // Replaces the whole map: entries left from parameters no longer in the
-  // optimizer would otherwise match a new TensorImpl at a reused address.
-  optimizer_->state() = std::move(new_state);
-  scheduler_keys_ = std::move(restored.scheduler_keys);
+  // Nothing in the step can throw: the live optimizer changes all at once or not at all.
+  return [this, staged] {
+    auto& groups = optimizer_->param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      assign_options(staged->kind, groups[g].options(), *staged->restored.group_options[g]);
+    }
+    // Replaces the whole map: entries left from parameters no longer in the
+    // optimizer would otherwise match a new TensorImpl at a reused address.
+    optimizer_->state() = std::move(staged->new_state);
+    scheduler_keys_ = std::move(staged->restored.scheduler_keys);
+  };
 }
 
 void OptimizerState::set_scheduler_group_keys(std::vector<SchedulerGroupKeys> keys) {
