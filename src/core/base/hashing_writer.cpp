@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/crc32.h"
 #include "base/fail.h"
 
 namespace holdpoint::io {
@@ -51,6 +52,7 @@ void HashingWriter::flush_block() {
   if (block_fill_ == 0) return;
   const auto index = static_cast<std::size_t>(current_block_);
   file_.write({blocks_[index].data(), block_fill_});
+  crc32_ = crc32_update(crc32_, blocks_[index].data(), block_fill_);
   {
     std::lock_guard lock(mutex_);
     block_busy_[index] = true;
@@ -88,6 +90,7 @@ void HashingWriter::write_stable(std::span<const std::byte> bytes) {
   while (done < bytes.size()) {
     const std::size_t piece = std::min(bytes.size() - done, kStablePieceBytes);
     file_.write(bytes.subspan(done, piece));
+    crc32_ = crc32_update(crc32_, bytes.data() + done, piece);
     submit({bytes.data() + done, piece, -1});
     done += piece;
     position_ += piece;

@@ -40,6 +40,9 @@ class HashingWriter final : public ByteSink {
   // Writes what is buffered and returns the SHA-256 of everything written.
   // The file is not synced or closed here.
   Sha256Digest finish();
+  // The CRC-32 of everything written, computed on the writing thread (for a
+  // read-back that checks every byte without a second SHA-256 pass).
+  std::uint32_t crc32() const noexcept { return crc32_; }
 
  private:
   struct Piece {
@@ -55,6 +58,7 @@ class HashingWriter final : public ByteSink {
 
   WritableFile& file_;
   std::uint64_t position_ = 0;
+  std::uint32_t crc32_ = 0;
   std::uint64_t writeback_started_ = 0;
   bool finished_ = false;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <random>
 
+#include "base/crc32.h"
 #include "base/fail.h"
 #include "base/hashing_writer.h"
 
@@ -19,14 +20,17 @@ class InlineHashingSink final : public ByteSink {
   void write(std::span<const std::byte> bytes) override {
     file_.write(bytes);
     hasher_.update(bytes);
+    crc32_ = crc32_update(crc32_, bytes.data(), bytes.size());
     position_ += bytes.size();
   }
   std::uint64_t position() const override { return position_; }
   Sha256Digest finish() { return hasher_.finish(); }
+  std::uint32_t crc32() const noexcept { return crc32_; }
 
  private:
   WritableFile& file_;
   Sha256 hasher_;
+  std::uint32_t crc32_ = 0;
   std::uint64_t position_ = 0;
 };
 
@@ -69,11 +73,13 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
       InlineHashingSink writer(*file);
       write(writer);
       result.sha256 = writer.finish();
+      result.crc32 = writer.crc32();
       result.size = writer.position();
     } else {
       HashingWriter writer(*file);
       write(writer);
       result.sha256 = writer.finish();
+      result.crc32 = writer.crc32();
       result.size = writer.position();
     }
     const bool device = options.read_back == ReadBack::device;
@@ -87,6 +93,13 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
       if (mapped.buffer->size() != result.size) {
         detail::fail(ErrorCode::file_changed_during_read, "the staging file holds ", mapped.buffer->size(),
                      " bytes; ", result.size, " were written");
+      }
+      // Every byte, headers the verifier does not interpret included, against
+      // the CRC-32 computed from the bytes handed to write(2).
+      const std::uint32_t crc = crc32_of(mapped.buffer->bytes());
+      if (crc != result.crc32) {
+        detail::fail(ErrorCode::file_changed_during_read, "the staging file reads back with CRC-32 ", crc,
+                     "; the bytes written had ", result.crc32);
       }
       verify(mapped.buffer->bytes(), mapped.buffer);
     } else {

@@ -59,6 +59,7 @@ using PublishVerifier = std::function<void(std::span<std::byte> bytes, const std
 
 struct PublishResult {
   Sha256Digest sha256;
+  std::uint32_t crc32 = 0;  // of the whole file, as written
   std::uint64_t size = 0;
 };
 
