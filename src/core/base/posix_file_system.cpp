@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/fail.h"
+#include "base/file_descriptor.h"
 #include "holdpoint/base/file_system.h"
 
 namespace holdpoint::io {
@@ -76,27 +77,14 @@ class PosixDirectory final : public Directory {
 
   Snapshot read(const std::string& name, std::uint64_t max_bytes, const std::optional<Sha256Digest>& expected,
                 const ReadProgress& progress, const SnapshotParser& parse) override {
-    // O_NONBLOCK: opening a FIFO planted at `name` would otherwise wait for a
-    // writer forever; read_snapshot_from_fd then refuses it as not regular.
-    // Regular files ignore the flag.
-    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
-    struct Closer {
-      int fd;
-      ~Closer() { ::close(fd); }
-    } closer{fd};
-    return read_snapshot_from_fd(fd, (path_ / name).string(), max_bytes, expected, progress, parse);
+    const FileDescriptor fd = open_to_read(name);
+    return read_snapshot_from_fd(fd.get(), (path_ / name).string(), max_bytes, expected, progress, parse);
   }
 
   Snapshot map(const std::string& name, std::uint64_t max_bytes) override {
-    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
-    struct Closer {
-      int fd;
-      ~Closer() { ::close(fd); }
-    } closer{fd};
+    const FileDescriptor fd = open_to_read(name);
     struct stat info {};
-    if (::fstat(fd, &info) != 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot stat", errno);
+    if (::fstat(fd.get(), &info) != 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot stat", errno);
     if (!S_ISREG(info.st_mode)) {
       throw Error(ErrorCode::io_not_regular_file, "not a regular file").with_path((path_ / name).string());
     }
@@ -107,7 +95,7 @@ class PosixDirectory final : public Directory {
     }
     Snapshot snapshot;
     try {
-      snapshot.buffer = Buffer::map_file(fd, static_cast<std::size_t>(size));
+      snapshot.buffer = Buffer::map_file(fd.get(), static_cast<std::size_t>(size));
     } catch (const Error& error) {
       throw error.with_path((path_ / name).string());
     }
@@ -115,10 +103,8 @@ class PosixDirectory final : public Directory {
   }
 
   void drop_cached_pages(const std::string& name) override {
-    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
+    const FileDescriptor fd = open_to_read(name);
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   }
 
   void rename(const std::string& from, const std::string& to, bool replace) override {
@@ -209,6 +195,15 @@ class PosixDirectory final : public Directory {
   }
 
  private:
+  // `name` opened for reading, never through a symlink. O_NONBLOCK: opening a
+  // FIFO planted at `name` would otherwise wait for a writer forever; the
+  // callers then refuse it as not regular. Regular files ignore the flag.
+  FileDescriptor open_to_read(const std::string& name) const {
+    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
+    return FileDescriptor(fd);
+  }
+
   int fd_;
   std::filesystem::path path_;
 };
