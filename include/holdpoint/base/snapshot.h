@@ -53,6 +53,12 @@ class Buffer {
   std::size_t mapped_;
 };
 
+// Returns the memory pages wholly inside [data, data + size) to the kernel
+// (madvise MADV_DONTNEED); they read as zeros (or, in a Buffer::map_file
+// mapping, as the file) afterwards. For bytes of a Buffer nothing will read
+// again; a range without a whole page is left alone.
+void release_whole_pages(const std::byte* data, std::size_t size) noexcept;
+
 struct Snapshot {
   std::shared_ptr<Buffer> buffer;
   Sha256Digest sha256;

@@ -73,6 +73,10 @@ struct LoadedMapping {
   // digests then add no integrity and loads skip re-computing them.
   bool digest_checked = false;
   std::uint64_t file_bytes = 0;
+  // The private buffer the tensors of `root` view, when the load read the
+  // file into one (load_checkpoint_mapping, RunDirectory::load); null
+  // otherwise. See hand_over_storages (value.h).
+  std::shared_ptr<const void> snapshot;
   FormatMarkers markers;
   std::vector<RecordInfo> records;
 };

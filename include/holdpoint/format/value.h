@@ -44,6 +44,9 @@ class Storage {
   // same (defaults to this object's address).
   Storage(const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner,
           const void* identity = nullptr);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
 
   // A storage that owns a private copy of `bytes`.
   static std::shared_ptr<const Storage> copy_of(std::span<const std::byte> bytes);
@@ -64,7 +67,15 @@ class Storage {
   const std::shared_ptr<const void>& owner() const noexcept { return owner_; }
   const void* identity() const noexcept { return identity_ ? identity_ : this; }
 
+  // True once hand_over_storages marked this storage: its bytes lie in a
+  // private snapshot the loader gave up. Whoever holds the only reference to
+  // it may write to its bytes (OptimizerState takes them as its live state
+  // instead of copying them), and when it dies the memory pages wholly inside
+  // it are returned to the kernel, while the rest of the snapshot lives on.
+  bool handed_over() const noexcept { return handed_over_; }
+
  private:
+  friend void hand_over_storages(const class Value& root, const std::shared_ptr<const void>& snapshot);
   [[noreturn]] void throw_absent() const;
 
   const std::byte* data_;
@@ -72,6 +83,7 @@ class Storage {
   std::shared_ptr<const void> owner_;
   const void* identity_;
   bool absent_ = false;
+  mutable bool handed_over_ = false;  // set once, before the storage is shared across threads
 };
 
 struct TensorData {
@@ -253,6 +265,16 @@ class Value {
   ValueKind kind_ = ValueKind::none;
   Node node_;
 };
+
+// Hands the tensors of `root` that view `snapshot` (a private buffer the
+// caller's reader made, LoadedMapping::snapshot) over to whoever applies
+// them: see Storage::handed_over. Call it only on a tree nothing else will
+// read after it is applied, as TrainingState's loads do with the mapping
+// they read themselves; a storage another reader still holds is never
+// written (a component writes only to a storage it holds the only
+// reference to) and never released (pages are released when the storage
+// dies). Storages with other owners are left as they are.
+void hand_over_storages(const Value& root, const std::shared_ptr<const void>& snapshot);
 
 inline std::size_t Dict::size() const noexcept { return entries_.size(); }
 inline bool Dict::empty() const noexcept { return entries_.empty(); }

@@ -83,8 +83,12 @@ class OptimizerState final : public Component {
   Value capture(CaptureMode mode) const override;
   void validate(const Value& state) const override;
   void apply(const Value& state) override;
-  // Builds the new state (copying its tensors) without touching the live
-  // optimizer; the returned step swaps it in.
+  // Builds the new state without touching the live optimizer; the returned
+  // step swaps it in. State tensors are copies, except that a tensor of a
+  // snapshot the load handed over (Storage::handed_over), which nothing
+  // else holds, becomes the live state itself (CPU parameters with the same
+  // dtype and layout): a resume then reads each byte of the optimizer's
+  // state once.
   std::function<void()> stage(const Value& state) override;
 
   // One entry per parameter group (groups added later have none until set).

@@ -67,6 +67,15 @@ std::shared_ptr<Buffer> Buffer::map_file(int fd, std::size_t size) {
 
 Buffer::~Buffer() { ::munmap(data_, mapped_); }
 
+void release_whole_pages(const std::byte* data, std::size_t size) noexcept {
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t first = (begin + page - 1) / page * page;
+  const std::uintptr_t last = (begin + size) / page * page;
+  // Advisory: a failure leaves the pages resident, which is only memory.
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress,
                        const SnapshotParser& parse) {

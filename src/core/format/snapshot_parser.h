@@ -15,6 +15,7 @@ inline io::SnapshotParser checkpoint_parser(LoadedMapping& out, const Limits& li
     ParseContext context;
     context.before_in_place_write = await_digest;
     out = parse_checkpoint_bytes(buffer->bytes(), buffer, limits, context);
+    out.snapshot = buffer;
   };
 }
 

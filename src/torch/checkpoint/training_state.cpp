@@ -293,6 +293,8 @@ LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, con
 
 LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
                                                  const ParsedLoadOptions& options) {
+  // Every caller reads the mapping for this load alone and drops it after.
+  hand_over_storages(mapping.root, mapping.snapshot);
   LoadReport report;
   report.path = path;
   report.sha256 = mapping.sha256;

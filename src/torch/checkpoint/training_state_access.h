@@ -28,7 +28,9 @@ struct ParsedLoadOptions {
 struct TrainingStateAccess {
   // TrainingState::load_checkpoint's checks and transactional apply, on a
   // mapping already read and parsed by the restricted reader (RunDirectory::load,
-  // the sharded reader); `path` labels the report and errors.
+  // the sharded reader); `path` labels the report and errors. The caller gives
+  // the mapping up: its tensors are handed over (hand_over_storages in
+  // holdpoint/format/value.h), so it must not read them after this call.
   static LoadReport load_parsed(TrainingState& state, const LoadedMapping& mapping, const std::filesystem::path& path,
                                 const ParsedLoadOptions& options = {}) {
     return state.load_parsed_checkpoint(mapping, path, options);

@@ -392,14 +392,13 @@ class ParamStateReader {
     return step;
   }
 
-  // A fresh tensor shaped (and placed, and laid out) like the parameter.
+  // A tensor shaped (and placed, and laid out) like the parameter: the
+  // snapshot's own bytes when the load handed them over, else a copy.
   at::Tensor tensor(std::string_view key) const {
     const TensorData& data = fields_.tensor(key);
     state::check_tensor_matches(data, param_, fields_.path_of(key));
     if (!materialize_) return {};
-    at::Tensor fresh = at::empty_like(param_.detach(), at::MemoryFormat::Preserve);
-    state::copy_into(fresh, data);
-    return fresh;
+    return state::adopt_or_copy(fields_.tensor_ptr(key), param_);
   }
 
   bool materialize() const { return materialize_; }

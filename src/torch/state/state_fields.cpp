@@ -85,6 +85,11 @@ const TensorData& FieldReader::tensor(std::string_view key) const {
   return value.as_tensor();
 }
 
+const std::shared_ptr<const TensorData>& FieldReader::tensor_ptr(std::string_view key) const {
+  tensor(key);  // the type check
+  return required(key).tensor_ptr();
+}
+
 const Value::List& FieldReader::sequence(std::string_view key) const {
   const Value& value = required(key);
   if (!value.is_sequence()) {

@@ -36,6 +36,8 @@ class FieldReader {
   bool boolean(std::string_view key) const;
   const std::string& string(std::string_view key) const;
   const TensorData& tensor(std::string_view key) const;
+  // The same, as the tree holds it (for adopt_or_copy in tensor_state.h).
+  const std::shared_ptr<const TensorData>& tensor_ptr(std::string_view key) const;
   const Value::List& sequence(std::string_view key) const;
   FieldReader child(std::string_view key) const;
 

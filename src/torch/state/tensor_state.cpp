@@ -1,6 +1,9 @@
 #include "state/tensor_state.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty_like.h>
+
+#include <cstdint>
 
 #include "holdpoint/tensor/torch_tensor.h"
 #include "state/state_fields.h"
@@ -29,6 +32,32 @@ at::Tensor tensor_from_state(const TensorData& state) { return to_at_tensor(stat
 void copy_into(at::Tensor& live, const TensorData& state) {
   at::NoGradGuard no_grad;
   live.copy_(to_at_tensor(state));
+}
+
+namespace {
+
+bool can_adopt(const std::shared_ptr<const TensorData>& state, const at::Tensor& like) {
+  const TensorData& data = *state;
+  if (state.use_count() != 1 || !data.storage || data.storage.use_count() != 1 || !data.storage->handed_over()) {
+    return false;
+  }
+  if (!like.device().is_cpu() || like.layout() != at::kStrided || to_scalar_type(data.dtype) != like.scalar_type() ||
+      at::IntArrayRef(data.sizes) != like.sizes() || at::IntArrayRef(data.strides) != like.strides()) {
+    return false;
+  }
+  const std::size_t itemsize = data.itemsize();
+  const auto start = reinterpret_cast<std::uintptr_t>(data.storage->data()) +
+                     static_cast<std::uintptr_t>(data.storage_offset) * itemsize;
+  return itemsize > 0 && start % itemsize == 0;
+}
+
+}  // namespace
+
+at::Tensor adopt_or_copy(const std::shared_ptr<const TensorData>& state, const at::Tensor& like) {
+  if (can_adopt(state, like)) return to_at_tensor(*state).detach();
+  at::Tensor fresh = at::empty_like(like.detach(), at::MemoryFormat::Preserve);
+  copy_into(fresh, *state);
+  return fresh;
 }
 
 }  // namespace holdpoint::state

@@ -25,4 +25,12 @@ at::Tensor tensor_from_state(const TensorData& state);
 // live.copy_(state) without autograd tracking; shapes and dtypes must match.
 void copy_into(at::Tensor& live, const TensorData& state);
 
+// A tensor with `like`'s dtype, sizes, strides and device holding `state`'s
+// elements, to become live state in place of `like`'s kind of tensor. It views
+// the snapshot's bytes directly, without a copy, when `state` was handed over
+// (Storage::handed_over) and nothing else holds it or its storage, so that no
+// other reader can see the writes that training then makes; otherwise it is a
+// fresh tensor with a copy.
+at::Tensor adopt_or_copy(const std::shared_ptr<const TensorData>& state, const at::Tensor& like);
+
 }  // namespace holdpoint::state

@@ -4,6 +4,7 @@
 
 #include "base/fail.h"
 #include "holdpoint/base/error.h"
+#include "holdpoint/base/snapshot.h"
 
 namespace holdpoint {
 
@@ -13,6 +14,10 @@ using detail::fail;
 
 Storage::Storage(const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner, const void* identity)
     : data_(data), nbytes_(nbytes), owner_(std::move(owner)), identity_(identity) {}
+
+Storage::~Storage() {
+  if (handed_over_) io::release_whole_pages(data_, nbytes_);
+}
 
 std::shared_ptr<const Storage> Storage::copy_of(std::span<const std::byte> bytes) {
   auto buffer = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
@@ -451,5 +456,29 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
 bool equal_content(const Value& a, const Value& b) { return first_difference(a, b, "").empty(); }
 
 std::string describe_difference(const Value& a, const Value& b) { return first_difference(a, b, ""); }
+
+}  // namespace holdpoint
+
+namespace holdpoint {
+
+void hand_over_storages(const Value& root, const std::shared_ptr<const void>& snapshot) {
+  if (!snapshot) return;
+  const auto same_owner = [&snapshot](const std::shared_ptr<const void>& owner) {
+    return owner && !owner.owner_before(snapshot) && !snapshot.owner_before(owner);
+  };
+  std::vector<const Value*> pending{&root};
+  while (!pending.empty()) {
+    const Value& value = *pending.back();
+    pending.pop_back();
+    if (value.is_tensor()) {
+      const Storage* storage = value.as_tensor().storage.get();
+      if (storage && storage->has_bytes() && same_owner(storage->owner())) storage->handed_over_ = true;
+    } else if (value.is_sequence()) {
+      for (const Value& item : value.as_list()) pending.push_back(&item);
+    } else if (value.is_dict()) {
+      for (const auto& [key, item] : value.as_dict()) pending.push_back(&item);
+    }
+  }
+}
 
 }  // namespace holdpoint
