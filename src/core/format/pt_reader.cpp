@@ -122,7 +122,12 @@ class ZipStorageResolver final : public StorageResolver {
 
   std::shared_ptr<const Storage> resolve(const StorageRequest& request) override {
     const std::string record = "data/" + request.key;
-    const ZipEntry* entry = archive_.find(record);
+    // Writers store the records in the order the pickle names them: try the
+    // entry after the last one first, which stays in cache where a hash probe
+    // into a table of many records would miss.
+    const auto& entries = archive_.entries;
+    const ZipEntry* entry =
+        next_ < entries.size() && entries[next_].record == record ? &entries[next_] : archive_.find(record);
     if (!entry) fail(ErrorCode::storage_record_missing, "storage key '", request.key, "' has no record ", record);
     const auto expected = detail::checked_mul<std::uint64_t>(request.numel, dtype_itemsize(request.dtype));
     if (!expected) {
@@ -142,7 +147,9 @@ class ZipStorageResolver final : public StorageResolver {
            "': big-endian archives with untyped storages are not supported");
     }
     auto storage = source_.storage(*entry, request, big_endian_);
-    referenced_[static_cast<std::size_t>(entry - archive_.entries.data())] = true;
+    const auto index = static_cast<std::size_t>(entry - entries.data());
+    referenced_[index] = true;
+    next_ = index + 1;
     return storage;
   }
 
@@ -153,6 +160,7 @@ class ZipStorageResolver final : public StorageResolver {
   ZipRecordSource& source_;
   bool big_endian_;
   std::vector<bool> referenced_;  // by entry index
+  std::size_t next_ = 0;          // the entry after the last one resolved
 };
 
 std::string describe_producer(const FormatMarkers& markers) {
