@@ -9,6 +9,9 @@
 // timed from inside it, around the load call only), which pays for faulting
 // in fresh memory as a user's first load does. Whole-process figures (the
 // CLI's verify and inspect, openssl dgst) are wall times of a child process.
+// Peers: LibTorch torch::save/load here; holdpoint's 2-rank sharded save
+// through distributed_bench; Python torch, safetensors and DCP through
+// bench/python_peers.py (all children, skipped by --no-peers).
 //
 //   floor_bench [--dir DIR] [--repeat N] [--mib M] [--python PY] [--no-peers] [--no-growth] [--quick]
 //
@@ -349,6 +352,7 @@ struct Paths {
   std::string self;
   std::string cli;
   std::string publication_bench;
+  std::string distributed_bench;
   std::string python;
   std::string python_peers;
   fs::path dir;
@@ -636,6 +640,33 @@ void async_case(const Paths& paths, int repeat) {
   fs::remove(json_path);
 }
 
+// holdpoint's own 2-rank sharded save (distributed_bench: two Gloo ranks as
+// threads of one process), for the row beside torch.distributed.checkpoint's.
+void sharded_case(const Paths& paths, std::int64_t mib, int repeat) {
+  const fs::path json_path = paths.dir / "distributed.json";
+  const ProcessResult result =
+      run_process({paths.distributed_bench, "--mib", std::to_string(mib), "--world", "2", "--repeat",
+                   std::to_string(std::max(3, repeat)), "--dir", (paths.dir / "distributed").string(), "--json",
+                   json_path.string()});
+  if (result.status != 0) {
+    std::printf("\n### 6. Sharded save on 2 ranks: distributed_bench failed\n");
+    return;
+  }
+  const auto report = nlohmann::json::parse(std::ifstream(json_path));
+  const auto seconds = [&](const char* key) {
+    return median(report[key].get<std::vector<double>>());
+  };
+  const double state_mib = report["state_bytes"].get<double>() / (1 << 20);
+  std::printf("\n### 6. holdpoint sharded save, 2 Gloo ranks (distributed_bench, %.0f MiB state)\n\n"
+              "| operation | seconds | bytes written / state |\n|---|---|---|\n"
+              "| single-process run-directory save (SHA-256, fsync, read-back, LATEST) | %.3f | %.2f |\n"
+              "| DistributedCheckpointer save, 2 ranks (per-shard SHA-256, step manifest, LATEST) | %.3f | %.2f |\n"
+              "\nCompare with `dcp_save_2ranks` in section 7 (the same bytes, no digest).\n",
+              state_mib, seconds("single_seconds"), report["single_bytes"].get<double>() / report["state_bytes"].get<double>(),
+              seconds("sharded_seconds"), report["sharded_bytes"].get<double>() / report["state_bytes"].get<double>());
+  fs::remove(json_path);
+}
+
 void python_peers(const Paths& paths, std::int64_t tensors, std::int64_t elements, int repeat, const std::string& label) {
   const ProcessResult result = run_process({paths.python, paths.python_peers, "--tensors", std::to_string(tensors),
                                             "--elements", std::to_string(elements), "--dir", paths.dir.string(),
@@ -672,6 +703,7 @@ int main(int argc, char** argv) {
   const fs::path build = fs::path(paths.self).parent_path().parent_path();
   paths.cli = (build / "holdpoint").string();
   paths.publication_bench = (build / "bench" / "publication_bench").string();
+  paths.distributed_bench = (build / "bench" / "distributed_bench").string();
   paths.python = std::string(HOLDPOINT_SOURCE_DIR) + "/.venv/bin/python";
   paths.python_peers = std::string(HOLDPOINT_SOURCE_DIR) + "/bench/python_peers.py";
   paths.dir = fs::temp_directory_path() / "holdpoint-floor-bench";
@@ -719,6 +751,8 @@ int main(int argc, char** argv) {
     async_case(paths, repeat);
     std::fflush(stdout);
     if (peers) {
+      sharded_case(paths, mib, repeat);
+      std::fflush(stdout);
       python_peers(paths, 48, (mib << 20) / 48 / 4, repeat, std::to_string(mib) + " MiB in 48 tensors");
       python_peers(paths, 20000, 1000, repeat, "20,000 tensors of 1000 float32");
     }
