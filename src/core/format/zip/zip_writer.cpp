@@ -36,12 +36,37 @@ class HeaderBuffer {
 
 std::uint64_t clamp32(std::uint64_t value) { return std::min(value, zip::kZip64Threshold); }
 
-std::string ascii_lowercase(std::string_view name) {
-  std::string folded(name);
-  for (char& c : folded) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// FNV-1a of the ASCII-lowercased name. The names are the writer's own (record
+// names it generates under the caller's archive name), not an adversary's.
+std::size_t folded_name_hash(std::string_view name) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const char c : name) hash = (hash ^ static_cast<unsigned char>(ascii_lower(c))) * 0x100000001b3ULL;
+  return static_cast<std::size_t>(hash ^ (hash >> 32));
+}
+
+bool ascii_iequal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
   }
-  return folded;
+  return true;
+}
+
+// A slot holds the entry's index + 1 in its low half and the top 32 bits of
+// its name's hash in the high half, so a probe compares names only when those
+// agree.
+std::uint64_t name_slot(std::size_t hash, std::size_t entry) {
+  return (static_cast<std::uint64_t>(hash) & 0xFFFFFFFF00000000ULL) | static_cast<std::uint64_t>(entry + 1);
+}
+
+void place_name(std::vector<std::uint64_t>& slots, std::string_view name, std::size_t entry) {
+  const std::size_t mask = slots.size() - 1;
+  const std::size_t hash = folded_name_hash(name);
+  std::size_t slot = hash & mask;
+  while (slots[slot] != 0) slot = (slot + 1) & mask;
+  slots[slot] = name_slot(hash, entry);
 }
 
 const char* state_name(int state) {
@@ -86,6 +111,30 @@ void ZipWriter::write_raw(std::span<const std::byte> bytes, bool stable) {
   offset_ += bytes.size();
 }
 
+bool ZipWriter::name_written(std::string_view name) const {
+  if (name_slots_.empty()) return false;
+  const std::size_t mask = name_slots_.size() - 1;
+  const std::size_t hash = folded_name_hash(name);
+  const std::uint64_t tag = name_slot(hash, 0) & 0xFFFFFFFF00000000ULL;
+  for (std::size_t slot = hash & mask; name_slots_[slot] != 0; slot = (slot + 1) & mask) {
+    const std::uint64_t entry = name_slots_[slot];
+    if ((entry & 0xFFFFFFFF00000000ULL) == tag && ascii_iequal(entries_[(entry & 0xFFFFFFFFULL) - 1].name, name)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void ZipWriter::index_name(std::size_t entry) {
+  if (2 * entries_.size() > name_slots_.size()) {
+    // Double (from 64) and re-place every entry, this one included.
+    name_slots_.assign(std::max<std::size_t>(64, 2 * name_slots_.size()), 0);
+    for (std::size_t i = 0; i < entries_.size(); ++i) place_name(name_slots_, entries_[i].name, i);
+    return;
+  }
+  place_name(name_slots_, entries_[entry].name, entry);
+}
+
 void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
   check_state(State::idle, "begin_record");
   if (record.empty()) detail::fail(ErrorCode::invalid_argument, "zip record name is empty");
@@ -95,8 +144,7 @@ void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
     detail::fail(ErrorCode::invalid_argument, "zip entry name '", name.substr(0, 64),
                  name.size() > 64 ? "..." : "", "': ", problem);
   }
-  std::string folded = ascii_lowercase(name);
-  if (names_.contains(folded)) {
+  if (name_written(name)) {
     detail::fail(ErrorCode::invalid_argument, "zip entry name '", name,
                  "' was already written (names may not repeat, even in another ASCII case)");
   }
@@ -134,8 +182,9 @@ void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
   header.repeat(zip::kPaddingByte, padding);
   write_raw(header.bytes());
 
-  names_.insert(std::move(folded));
+  if (entries_.size() >= UINT32_MAX - 1) detail::fail(ErrorCode::invalid_argument, "too many zip entries");
   entries_.push_back(Entry{std::move(name), header_offset, size, 0});
+  index_name(entries_.size() - 1);
   remaining_ = size;
   running_crc_ = 0;
   state_ = State::in_record;

@@ -23,7 +23,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "holdpoint/base/byte_sink.h"
@@ -72,10 +71,14 @@ class ZipWriter {
   io::ByteSink& sink_;
   std::string archive_name_;
   std::vector<Entry> entries_;
-  // ASCII-lowercased full names: the reader rejects names that differ only in
-  // case (PyTorch looks records up case-insensitively), so the writer must
-  // never produce them.
-  std::unordered_set<std::string> names_;
+  // The entries by ASCII-lowercased full name: the reader rejects names that
+  // differ only in case (PyTorch looks records up case-insensitively), so the
+  // writer must never produce them. Open addressing over entries_ (index + 1
+  // and a hash tag, 0 for an empty slot), at most half full: a node per name
+  // missed the cache on every record of a large archive.
+  bool name_written(std::string_view name) const;
+  void index_name(std::size_t entry);
+  std::vector<std::uint64_t> name_slots_;
   State state_ = State::idle;
   // Bytes written so far; zip offsets count from the start of the archive.
   std::uint64_t offset_ = 0;
