@@ -483,6 +483,18 @@ TEST(ZipWriterMisuse, DuplicateNamesAreRejectedInAnyCase) {
   EXPECT_EQ(read_zip_directory(sink.bytes(), Limits{}).entries.size(), 2u);
 }
 
+TEST(ZipWriterMisuse, EveryEarlierNameIsStillFoundAfterTheIndexGrew) {
+  io::MemorySink sink;
+  ZipWriter writer(sink, "archive");
+  for (int i = 0; i < 3000; ++i) writer.add_record("data/K" + std::to_string(i), bytes_of("x"));
+  for (int i = 0; i < 3000; i += 7) {
+    EXPECT_ERROR_CODE(writer.add_record("DATA/k" + std::to_string(i), bytes_of("y")), ErrorCode::invalid_argument);
+  }
+  writer.add_record("data/K3000", bytes_of("z"));
+  writer.finish();
+  EXPECT_EQ(read_zip_directory(sink.bytes(), Limits{}).entries.size(), 3001u);
+}
+
 TEST(ZipWriterMisuse, EmptyAndOverlongNamesAreRejected) {
   io::MemorySink sink;
   ZipWriter writer(sink, "archive");
