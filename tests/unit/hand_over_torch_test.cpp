@@ -10,6 +10,10 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+
 #include "holdpoint/checkpoint/training_state.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/state/optimizer_state.h"
@@ -25,6 +29,20 @@ using testing::TempDir;
 // else (here, the snapshot).
 bool views_foreign_memory(const at::Tensor& tensor) {
   return tensor.storage().data_ptr().get_deleter() != at::empty({1}).storage().data_ptr().get_deleter();
+}
+
+// A parameter's entry in an optimizer's state map, whose key is the
+// TensorImpl's address as text up to LibTorch 2.1 and the pointer since.
+template <typename Map>
+auto& state_entry(Map& map, const at::Tensor& param) {
+  using Key = std::decay_t<decltype(map.begin()->first)>;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream address;
+    address << param.unsafeGetTensorImpl();
+    return map.at(address.str());
+  } else {
+    return map.at(param.unsafeGetTensorImpl());
+  }
 }
 
 // Two same-shaped parameters of 16 KiB each (whole pages of the snapshot),
@@ -45,10 +63,10 @@ struct AdamRun {
       adam.step();
     }
   }
-  at::Tensor exp_avg(const at::Tensor& param) {
-    auto& entry = adam.state().at(param.unsafeGetTensorImpl());
-    return static_cast<torch::optim::AdamParamState&>(*entry).exp_avg();
+  torch::optim::AdamParamState& entry(const at::Tensor& param) {
+    return static_cast<torch::optim::AdamParamState&>(*state_entry(adam.state(), param));
   }
+  at::Tensor exp_avg(const at::Tensor& param) { return entry(param).exp_avg(); }
   at::Tensor a, b;
   torch::optim::Adam adam;
   OptimizerState optimizer;
@@ -81,8 +99,7 @@ TEST(HandOver, TwoStatesSharingOneStorageInTheFileGetBytesOfTheirOwn) {
   source.step(2);
   // Make b's first moment the very tensor of a's: the file then holds one
   // storage that both state entries view.
-  auto& b_entry = source.adam.state().at(source.b.unsafeGetTensorImpl());
-  static_cast<torch::optim::AdamParamState&>(*b_entry).exp_avg(source.exp_avg(source.a));
+  source.entry(source.b).exp_avg(source.exp_avg(source.a));
   source.state.save(dir / "shared.pt");
 
   AdamRun resumed(0.5f);
