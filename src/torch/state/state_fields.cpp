@@ -77,17 +77,14 @@ const std::string& FieldReader::string(std::string_view key) const {
   return value.as_string();
 }
 
-const TensorData& FieldReader::tensor(std::string_view key) const {
+const TensorData& FieldReader::tensor(std::string_view key) const { return *tensor_ptr(key); }
+
+const std::shared_ptr<const TensorData>& FieldReader::tensor_ptr(std::string_view key) const {
   const Value& value = required(key);
   if (!value.is_tensor()) {
     state_error(ErrorCode::state_type_invalid, path_of(key), " is a ", describe(value), ", not a Tensor");
   }
-  return value.as_tensor();
-}
-
-const std::shared_ptr<const TensorData>& FieldReader::tensor_ptr(std::string_view key) const {
-  tensor(key);  // the type check
-  return required(key).tensor_ptr();
+  return value.tensor_ptr();
 }
 
 const Value::List& FieldReader::sequence(std::string_view key) const {

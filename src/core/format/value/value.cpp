@@ -457,10 +457,6 @@ bool equal_content(const Value& a, const Value& b) { return first_difference(a, 
 
 std::string describe_difference(const Value& a, const Value& b) { return first_difference(a, b, ""); }
 
-}  // namespace holdpoint
-
-namespace holdpoint {
-
 void hand_over_storages(const Value& root, const std::shared_ptr<const void>& snapshot) {
   if (!snapshot) return;
   const auto same_owner = [&snapshot](const std::shared_ptr<const void>& owner) {

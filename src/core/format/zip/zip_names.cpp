@@ -1,6 +1,7 @@
 #include "format/zip/zip_names.h"
 
 #include <cstdint>
+#include <random>
 
 #include "base/fail.h"
 #include "format/zip/zip_format.h"
@@ -8,6 +9,40 @@
 namespace holdpoint::format::zip {
 
 using detail::concat;
+
+namespace {
+
+char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+std::uint64_t process_hash_key() {
+  static const std::uint64_t key = [] {
+    std::random_device random;
+    return (std::uint64_t{random()} << 32) ^ random();
+  }();
+  return key;
+}
+
+}  // namespace
+
+bool equal_folded(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
+  }
+  return true;
+}
+
+std::uint64_t folded_hash(std::string_view name) {
+  std::uint64_t hash = 0xcbf29ce484222325u ^ process_hash_key();
+  for (char c : name) {
+    hash ^= static_cast<unsigned char>(ascii_lower(c));
+    hash *= 0x100000001b3u;
+  }
+  hash ^= hash >> 32;
+  hash *= 0xff51afd7ed558ccdu;
+  hash ^= hash >> 29;
+  return hash;
+}
 
 std::string name_character_problem(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameBytes) {

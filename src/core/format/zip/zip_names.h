@@ -7,6 +7,7 @@
 // with '/', and every '/'-separated component is non-empty and not '.' or '..'.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -20,5 +21,14 @@ bool is_valid_path_component(std::string_view component) noexcept;
 
 // Both checks over a whole name; "" when the name is acceptable.
 std::string entry_name_problem(std::string_view name);
+
+// Names equal up to ASCII case: PyTorch looks records up case-insensitively,
+// so the reader rejects and the writer never produces two such names.
+bool equal_folded(std::string_view a, std::string_view b) noexcept;
+
+// A hash of the ASCII-lowercased name (names equal up to case hash equal),
+// keyed once per process so that names built in advance cannot make many
+// share a slot, with every byte reaching the low bits used as a slot.
+std::uint64_t folded_hash(std::string_view name);
 
 }  // namespace holdpoint::format::zip

@@ -5,7 +5,6 @@
 #include <optional>
 #include <thread>
 #include <utility>
-#include <random>
 
 #include "base/checked_arithmetic.h"
 #include "base/fail.h"
@@ -79,42 +78,6 @@ std::string printable(std::string_view name) {
 
 std::string entry_label(std::size_t index, std::string_view name) {
   return detail::concat("zip entry ", index, " '", printable(name), "'");
-}
-
-char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool equal_folded(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
-  }
-  return true;
-}
-
-// Names come from the file, so their hash is keyed once per process: a file
-// built in advance to make many names share a slot would otherwise turn the
-// linear index build into a quadratic one.
-std::uint64_t process_hash_key() {
-  static const std::uint64_t key = [] {
-    std::random_device random;
-    return (std::uint64_t{random()} << 32) ^ random();
-  }();
-  return key;
-}
-
-// Keyed FNV-1a over the ASCII-lowercased bytes, so that names equal up to case
-// hash equal, then mixed so that the low bits used as a slot depend on every
-// byte.
-std::uint64_t folded_hash(std::string_view text) {
-  std::uint64_t hash = 0xcbf29ce484222325u ^ process_hash_key();
-  for (char c : text) {
-    hash ^= static_cast<unsigned char>(ascii_lower(c));
-    hash *= 0x100000001b3u;
-  }
-  hash ^= hash >> 32;
-  hash *= 0xff51afd7ed558ccdu;
-  hash ^= hash >> 29;
-  return hash;
 }
 
 // The size of ZipArchive::record_order for `count` entries: a power of two at
@@ -427,10 +390,10 @@ void index_records(ZipArchive& archive) {
   const std::size_t mask = slots.size() - 1;
   for (std::uint32_t i = 0; i < entries.size(); ++i) {
     const ZipEntry& entry = entries[i];
-    std::size_t slot = folded_hash(entry.record) & mask;
+    std::size_t slot = zip::folded_hash(entry.record) & mask;
     for (; slots[slot] != 0; slot = (slot + 1) & mask) {
       const std::uint32_t earlier = slots[slot] - 1;
-      if (!equal_folded(entries[earlier].record, entry.record)) continue;
+      if (!zip::equal_folded(entries[earlier].record, entry.record)) continue;
       if (entries[earlier].name == entry.name) {
         fail(ErrorCode::zip_name_duplicate, entry_label(i, entry.name), ": same name as entry ", earlier);
       }
@@ -475,7 +438,7 @@ const ZipEntry* ZipArchive::find(std::string_view record) const {
   // The bounds keep a table edited by hand from reading past `entries` or
   // probing forever; one from read_zip_directory never needs them.
   const std::size_t mask = record_order.size() - 1;
-  std::size_t slot = folded_hash(record) & mask;
+  std::size_t slot = zip::folded_hash(record) & mask;
   for (std::size_t probes = 0; probes < record_order.size() && record_order[slot] != 0; ++probes) {
     const std::size_t index = record_order[slot] - 1;
     if (index < entries.size() && entries[index].record == record) return &entries[index];

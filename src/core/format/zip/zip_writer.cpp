@@ -36,24 +36,6 @@ class HeaderBuffer {
 
 std::uint64_t clamp32(std::uint64_t value) { return std::min(value, zip::kZip64Threshold); }
 
-char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
-// FNV-1a of the ASCII-lowercased name. The names are the writer's own (record
-// names it generates under the caller's archive name), not an adversary's.
-std::size_t folded_name_hash(std::string_view name) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const char c : name) hash = (hash ^ static_cast<unsigned char>(ascii_lower(c))) * 0x100000001b3ULL;
-  return static_cast<std::size_t>(hash ^ (hash >> 32));
-}
-
-bool ascii_iequal(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
-  }
-  return true;
-}
-
 // A slot holds the entry's index + 1 in its low half and the top 32 bits of
 // its name's hash in the high half, so a probe compares names only when those
 // agree.
@@ -63,7 +45,7 @@ std::uint64_t name_slot(std::size_t hash, std::size_t entry) {
 
 void place_name(std::vector<std::uint64_t>& slots, std::string_view name, std::size_t entry) {
   const std::size_t mask = slots.size() - 1;
-  const std::size_t hash = folded_name_hash(name);
+  const std::size_t hash = zip::folded_hash(name);
   std::size_t slot = hash & mask;
   while (slots[slot] != 0) slot = (slot + 1) & mask;
   slots[slot] = name_slot(hash, entry);
@@ -114,11 +96,11 @@ void ZipWriter::write_raw(std::span<const std::byte> bytes, bool stable) {
 bool ZipWriter::name_written(std::string_view name) const {
   if (name_slots_.empty()) return false;
   const std::size_t mask = name_slots_.size() - 1;
-  const std::size_t hash = folded_name_hash(name);
+  const std::size_t hash = zip::folded_hash(name);
   const std::uint64_t tag = name_slot(hash, 0) & 0xFFFFFFFF00000000ULL;
   for (std::size_t slot = hash & mask; name_slots_[slot] != 0; slot = (slot + 1) & mask) {
     const std::uint64_t entry = name_slots_[slot];
-    if ((entry & 0xFFFFFFFF00000000ULL) == tag && ascii_iequal(entries_[(entry & 0xFFFFFFFFULL) - 1].name, name)) {
+    if ((entry & 0xFFFFFFFF00000000ULL) == tag && zip::equal_folded(entries_[(entry & 0xFFFFFFFFULL) - 1].name, name)) {
       return true;
     }
   }
