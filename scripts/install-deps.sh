@@ -25,7 +25,8 @@ packages=(
   python3-torch python3-venv
 )
 # LibFuzzer and the sanitizer runtimes of the default clang.
-clang_major=$(clang --version 2>/dev/null | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -n 1)
+# clang may not be installed yet: its absence must not stop the script (set -e).
+clang_major=$( (clang --version 2>/dev/null || true) | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -n 1)
 if [ -z "$clang_major" ]; then
   case "$(cut -d. -f1 /etc/debian_version 2>/dev/null)" in
     12) clang_major=14 ;;
