@@ -866,6 +866,144 @@ TEST(PickleReader, RejectsExponentialTupleDag) {
   EXPECT_NO_THROW(read(small, limits));
 }
 
+// The machine keeps only the memo entries that some BINGET names and drops the
+// tuples and strings nothing refers to any more (PickleOptions::
+// keep_fetched_memo_only). A large pickle in torch.save's manner, every object
+// memoized, with objects memoized first and fetched after thousands of
+// compactions, reads the same either way.
+
+// Kinds, keys, scalars and tensor geometry, with storages and tensors numbered
+// by first appearance so that sharing shows.
+void render(const Value& value, std::string& out, std::vector<const void*>& seen) {
+  const auto number = [&seen](const void* p) {
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] == p) return i;
+    }
+    seen.push_back(p);
+    return seen.size() - 1;
+  };
+  out += std::string(value_kind_name(value.kind())) + ":";
+  switch (value.kind()) {
+    case ValueKind::none: break;
+    case ValueKind::boolean: out += value.as_bool() ? "1" : "0"; break;
+    case ValueKind::integer: out += std::to_string(value.as_int()); break;
+    case ValueKind::floating: out += std::to_string(value.as_double()); break;
+    case ValueKind::string: out += value.as_string(); break;
+    case ValueKind::bytes: out += std::string(value.as_bytes()); break;
+    case ValueKind::list:
+    case ValueKind::tuple:
+      out += "[";
+      for (const Value& element : value.as_list()) render(element, out, seen), out += ",";
+      out += "]";
+      break;
+    case ValueKind::dict:
+    case ValueKind::ordered_dict:
+      out += "{";
+      for (const auto& [key, element] : value.as_dict()) out += key.to_string() + "=", render(element, out, seen), out += ",";
+      out += "}";
+      break;
+    case ValueKind::tensor: {
+      const TensorData& tensor = value.as_tensor();
+      out += "t" + std::to_string(number(&tensor)) + "/s" + std::to_string(number(tensor.storage->identity())) +
+             shape_text(tensor.sizes) + shape_text(tensor.strides) + "+" + std::to_string(tensor.storage_offset);
+      break;
+    }
+  }
+}
+
+std::string render(const Value& value) {
+  std::string out;
+  std::vector<const void*> seen;
+  render(value, out, seen);
+  return out;
+}
+
+// {'early': ('early', 7), 's': 'shared', 'groups': [{'w<i>': tensor, 'n<i>': [i, 'shared']}, ...],
+//  'late_tuple': <memo 0>, 'late_str': <memo 1>, 'tied': <the tensor of group
+// 1500>} with every object memoized, as Python's pickler does.
+PickleBuilder memo_heavy_state(std::size_t groups) {
+  PickleBuilder p;
+  std::uint32_t memo = 0;
+  const auto put = [&p, &memo] { p.long_binput(memo++); };
+  p.proto().empty_dict();
+  put();
+  p.mark().str("early");
+  put();
+  p.str("early").integer(7).tuple2();
+  put();  // memo 2: the tuple
+  p.str("s").str("shared");
+  put();  // memo 3
+  // Closing the batch takes these off the stack: only the memo keeps them.
+  p.setitems().mark().str("groups");
+  put();
+  p.empty_list();
+  put();  // memo 5; group i then memoizes 6 + 5i (its dict) to 10 + 5i (its list)
+  std::uint32_t tied = 0;
+  for (std::size_t i = 0; i < groups; ++i) {
+    if (i % 100 == 0) p.mark();
+    p.empty_dict();
+    put();
+    p.mark().str("w" + std::to_string(i));
+    put();
+    p.tensor("FloatStorage", std::to_string(i), 6, 0, {2, 3}, {3, 1});
+    if (i == groups / 2) tied = memo;
+    put();
+    p.str("n" + std::to_string(i));
+    put();
+    p.empty_list();
+    put();
+    p.mark().integer(static_cast<std::int64_t>(i)).long_binget(3).appends();
+    p.setitems();
+    if (i % 100 == 99 || i + 1 == groups) p.appends();
+  }
+  p.str("late_tuple").long_binget(2).str("late_str").long_binget(3).str("tied").long_binget(tied);
+  p.setitems().stop();
+  return p;
+}
+
+TEST(PickleReader, KeepingOnlyFetchedMemoEntriesReadsTheSame) {
+  const PickleBuilder pickle = memo_heavy_state(3000);
+  PickleOptions keep_all;
+  keep_all.keep_fetched_memo_only = false;
+  const PickleResult compact = read(pickle);
+  const PickleResult full = read(pickle, Limits{}, keep_all);
+  EXPECT_EQ(render(compact.root), render(full.root));
+  EXPECT_EQ(compact.tensor_count, 3000u);
+  const Dict& root = compact.root.as_dict();
+  const Value::List& late = root.at("late_tuple").as_list();
+  ASSERT_EQ(late.size(), 2u);
+  EXPECT_EQ(late[0].as_string(), "early");
+  EXPECT_EQ(late[1].as_int(), 7);
+  EXPECT_EQ(root.at("late_str").as_string(), "shared");
+  const Value::List& groups = root.at("groups").as_list();
+  ASSERT_EQ(groups.size(), 3000u);
+  EXPECT_EQ(groups[2999].as_dict().at("n2999").as_list()[1].as_string(), "shared");
+  EXPECT_EQ(root.at("tied").tensor_ptr(), groups[1500].as_dict().at("w1500").tensor_ptr());
+  EXPECT_EQ(root.at("tied").as_tensor().sizes, (std::vector<std::int64_t>{2, 3}));
+}
+
+TEST(PickleReader, MemoRejectionsHoldAfterCompactions) {
+  // memo_heavy_state(1000) up to its last SETITEMS, then one more key whose
+  // value is fetched from the memo.
+  const auto fetched_last = [](std::uint32_t index) {
+    PickleBuilder head = memo_heavy_state(1000);
+    auto bytes = head.bytes();
+    bytes.resize(bytes.size() - 2);  // SETITEMS, STOP
+    PickleBuilder p;
+    p.raw(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    p.str("x").long_binget(index).setitems().stop();
+    return p;
+  };
+  // The list memoized before everything else (memo 5) is still refused as
+  // shared mutable state, however much was dropped in between.
+  EXPECT_ERROR_CODE(read(fetched_last(5)), ErrorCode::pickle_memo_mutable);
+  EXPECT_ERROR_CODE(read(fetched_last(6 + 5 * 1000)), ErrorCode::pickle_memo_missing);  // one past the memo
+  // The last group's tensor (memo 6 + 5 * 999 + 2) is there.
+  const PickleResult last = read(fetched_last(6 + 5 * 999 + 2));
+  const Dict& root = last.root.as_dict();
+  EXPECT_EQ(root.at("x").tensor_ptr(), root.at("groups").as_list()[999].as_dict().at("w999").tensor_ptr());
+}
+
 // ==== stack, marks, STOP =======================================================================
 
 TEST(PickleReader, EveryPoppingOpcodeChecksForUnderflow) {

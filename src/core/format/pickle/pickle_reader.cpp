@@ -251,16 +251,88 @@ bool is_quantized_storage_class(std::string_view name) {
          name == "QUInt2x4Storage";
 }
 
+// The memo indices that BINGET or LONG_BINGET anywhere before the first STOP
+// name, sorted and unique, found by walking the opcodes without interpreting
+// them; nullopt where the walk cannot go on (an opcode off the allowlist, a
+// length past the end), and the machine then keeps every memo entry. torch.save
+// memoizes about eight objects per tensor and fetches almost none of them again
+// (the storage tag, 'storage', 'cpu' and the rebuild globals), so the machine
+// keeps only the entries named here, and with them the arenas stop holding
+// every tuple and string of the file. The walk decodes opcode boundaries as the
+// machine does; should they ever differ, a fetch of an entry that was not kept
+// is caught and the pickle is read again keeping every entry (MemoNotKept).
+std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* data, std::size_t size) {
+  std::vector<std::uint64_t> fetched;
+  std::size_t pos = 0;
+  const auto le = [&](std::size_t n) -> std::optional<std::uint64_t> {
+    if (n > size - pos) return std::nullopt;
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < n; ++i) value |= std::uint64_t{std::to_integer<std::uint8_t>(data[pos + i])} << (8 * i);
+    pos += n;
+    return value;
+  };
+  const auto skip = [&](std::optional<std::uint64_t> n) {
+    if (!n || *n > size - pos) return false;
+    pos += static_cast<std::size_t>(*n);
+    return true;
+  };
+  const auto skip_line = [&] {
+    const void* newline = std::memchr(data + pos, '\n', size - pos);
+    if (!newline) return false;
+    pos = static_cast<std::size_t>(static_cast<const std::byte*>(newline) - data) + 1;
+    return true;
+  };
+  while (pos < size) {
+    const std::uint8_t code = std::to_integer<std::uint8_t>(data[pos++]);
+    bool ok = true;
+    switch (code) {
+      case op::STOP:
+        std::sort(fetched.begin(), fetched.end());
+        fetched.erase(std::unique(fetched.begin(), fetched.end()), fetched.end());
+        return fetched;
+      case op::MARK: case op::EMPTY_DICT: case op::EMPTY_LIST: case op::EMPTY_TUPLE: case op::TUPLE:
+      case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: case op::SETITEM: case op::SETITEMS: case op::APPEND:
+      case op::APPENDS: case op::NONE: case op::NEWTRUE: case op::NEWFALSE: case op::MEMOIZE:
+      case op::STACK_GLOBAL: case op::REDUCE: case op::BUILD: case op::BINPERSID:
+        break;
+      case op::PROTO: case op::BININT1: case op::BINPUT: ok = skip(1); break;
+      case op::BININT2: ok = skip(2); break;
+      case op::BININT: case op::LONG_BINPUT: ok = skip(4); break;
+      case op::FRAME: case op::BINFLOAT: ok = skip(8); break;
+      case op::LONG1: case op::SHORT_BINUNICODE: case op::SHORT_BINSTRING: case op::SHORT_BINBYTES:
+        ok = skip(le(1));
+        break;
+      case op::BINUNICODE: case op::BINSTRING: case op::BINBYTES: ok = skip(le(4)); break;
+      case op::BINUNICODE8: ok = skip(le(8)); break;
+      case op::INT: case op::LONG: ok = skip_line(); break;
+      case op::GLOBAL: ok = skip_line() && skip_line(); break;
+      case op::BINGET: case op::LONG_BINGET: {
+        const auto index = le(code == op::BINGET ? 1 : 4);
+        ok = index.has_value();
+        if (ok) fetched.push_back(*index);
+        break;
+      }
+      default: ok = false;
+    }
+    if (!ok) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// Thrown when a fetch names a memo entry the walk above did not foresee.
+struct MemoNotKept {};
+
 class Machine {
  public:
   Machine(std::span<const std::byte> pickle, StorageResolver& storages, const Limits& limits,
-          const PickleOptions& options, bool allow_trailing_bytes)
+          const PickleOptions& options, bool allow_trailing_bytes, bool keep_fetched_memo_only)
       : data_(pickle.data()),
         size_(pickle.size()),
         storages_(storages),
         limits_(limits),
         options_(options),
-        allow_trailing_bytes_(allow_trailing_bytes) {
+        allow_trailing_bytes_(allow_trailing_bytes),
+        keep_fetched_only_(keep_fetched_memo_only) {
     // Legacy streams hand over the rest of the file, storages included, so the
     // size bound applies to how far the pickle reaches, not to the span.
     window_end_ = allow_trailing_bytes
@@ -343,6 +415,12 @@ class Machine {
   void set_item(Item& target, const Item& key, const Item& value);
   void memo_put(std::uint64_t index);
   void memo_get(std::uint64_t index);
+  void compact_arenas();
+  void maybe_compact() {
+    if (keep_fetched_only_ && texts_.size() + tuples_.size() + tuple_elements_.size() >= compact_at_) {
+      compact_arenas();
+    }
+  }
   void do_global();
   void do_stack_global();
   GlobalRef resolve_global(std::string_view module, std::string_view name) const;
@@ -380,9 +458,21 @@ class Machine {
 
   std::vector<Item> stack_;
   std::vector<std::size_t> marks_;
+  // The memo: every entry in memo_, or, when keep_fetched_only_, only the
+  // entries whose index is in fetched_ (kept_[i] for fetched_[i]); memo_size_
+  // counts every entry stored either way.
+  bool keep_fetched_only_;
   std::vector<Item> memo_;
+  std::vector<std::uint64_t> fetched_;
+  std::vector<Item> kept_;
+  std::uint64_t memo_size_ = 0;
+  // When the arenas reach this many entries, compact_arenas drops the ones
+  // nothing refers to any more (only when keep_fetched_only_).
+  std::size_t compact_at_ = 0;
 
-  // The arenas Items point into; nothing is removed before the machine ends.
+  // The arenas Items point into. compact_arenas cuts off the end of texts_,
+  // tuples_, tuple_elements_ and values_ that no stack item, kept memo entry
+  // or live tuple refers to; nothing else is ever removed.
   std::vector<Text> texts_;
   std::vector<Tuple> tuples_;
   std::vector<Item> tuple_elements_;
@@ -415,10 +505,12 @@ class Machine {
 // speed, so it is not an error.
 void Machine::reserve_for_dense_state_dict() {
   try {
-    memo_.reserve(size_ / 8);
-    tuple_elements_.reserve(size_ / 5);
-    tuples_.reserve(size_ / 16);
-    texts_.reserve(size_ / 32);
+    if (!keep_fetched_only_) {  // otherwise compact_arenas keeps them small
+      memo_.reserve(size_ / 8);
+      tuple_elements_.reserve(size_ / 5);
+      tuples_.reserve(size_ / 16);
+      texts_.reserve(size_ / 32);
+    }
     values_.reserve(size_ / 64);
     storage_refs_.reserve(size_ / 64);
     storages_by_number_.reserve(size_ / 64);
@@ -804,24 +896,40 @@ void Machine::do_setitem(bool from_mark) {
 
 void Machine::memo_put(std::uint64_t index) {
   require(1);
-  if (index > memo_.size()) {
-    error(ErrorCode::pickle_memo_index_invalid, "index ", index, " skips past the memo size ", memo_.size());
+  if (index > memo_size_) {
+    error(ErrorCode::pickle_memo_index_invalid, "index ", index, " skips past the memo size ", memo_size_);
   }
-  if (index < memo_.size()) {
-    memo_[static_cast<std::size_t>(index)] = stack_.back();
+  if (index == memo_size_) {
+    if (memo_size_ >= limits_.max_memo_entries) {
+      error(ErrorCode::pickle_memo_limit, "more than max_memo_entries ", limits_.max_memo_entries, " memo entries");
+    }
+    ++memo_size_;
+  }
+  if (!keep_fetched_only_) {
+    if (index < memo_.size()) {
+      memo_[static_cast<std::size_t>(index)] = stack_.back();
+    } else {
+      memo_.push_back(stack_.back());
+    }
     return;
   }
-  if (memo_.size() >= limits_.max_memo_entries) {
-    error(ErrorCode::pickle_memo_limit, "more than max_memo_entries ", limits_.max_memo_entries, " memo entries");
-  }
-  memo_.push_back(stack_.back());
+  const auto found = std::lower_bound(fetched_.begin(), fetched_.end(), index);
+  if (found != fetched_.end() && *found == index) kept_[static_cast<std::size_t>(found - fetched_.begin())] = stack_.back();
 }
 
 void Machine::memo_get(std::uint64_t index) {
-  if (index >= memo_.size()) {
-    error(ErrorCode::pickle_memo_missing, "index ", index, " was never stored (memo size ", memo_.size(), ")");
+  if (index >= memo_size_) {
+    error(ErrorCode::pickle_memo_missing, "index ", index, " was never stored (memo size ", memo_size_, ")");
   }
-  const Item entry = memo_[static_cast<std::size_t>(index)];
+  const Item* slot = nullptr;
+  if (!keep_fetched_only_) {
+    slot = &memo_[static_cast<std::size_t>(index)];
+  } else {
+    const auto found = std::lower_bound(fetched_.begin(), fetched_.end(), index);
+    if (found == fetched_.end() || *found != index) throw MemoNotKept{};
+    slot = &kept_[static_cast<std::size_t>(found - fetched_.begin())];
+  }
+  const Item entry = *slot;
   if (entry.holds_mutable) {
     error(ErrorCode::pickle_memo_mutable, "memo ", index, " is (or holds) a mutable ", describe(entry),
           "; sharing it would allow cycles and aliasing");
@@ -832,6 +940,42 @@ void Machine::memo_get(std::uint64_t index) {
           limits_.max_expanded_nodes);
   }
   push(entry);
+}
+
+// Items refer to arena entries made before them: a tuple's elements, and any
+// tuple, string or value an element names, come before the tuple. So the
+// entries past the last one that a stack item, a kept memo entry or an element
+// of a live tuple names (or that a live string or tuple made its Value) are
+// unreachable and are cut off; the arenas' memory is then reused, and a state
+// dict no longer holds every tensor's tuples and strings until the end. The
+// next compaction waits until the arenas have grown by what this one had to
+// look at, so the work stays linear in the pickle.
+void Machine::compact_arenas() {
+  std::size_t tuples = 0, texts = 0, values = 0;
+  const auto note = [&](const Item& item) {
+    switch (item.kind) {
+      case ItemKind::tuple: tuples = std::max(tuples, item.index + 1); break;
+      case ItemKind::text:
+      case ItemKind::bytes: texts = std::max(texts, item.index + 1); break;
+      case ItemKind::value: values = std::max(values, item.index + 1); break;
+      default: break;
+    }
+  };
+  for (const Item& item : stack_) note(item);
+  for (const Item& item : kept_) note(item);
+  const std::size_t elements = tuples == 0 ? 0 : tuples_[tuples - 1].first + tuples_[tuples - 1].count;
+  for (std::size_t i = 0; i < elements; ++i) note(tuple_elements_[i]);
+  for (std::size_t i = 0; i < texts; ++i) {
+    if (texts_[i].owned != kNoValue) values = std::max(values, texts_[i].owned + 1);
+  }
+  for (std::size_t i = 0; i < tuples; ++i) {
+    if (tuples_[i].owned != kNoValue) values = std::max(values, tuples_[i].owned + 1);
+  }
+  texts_.resize(texts);
+  tuples_.resize(tuples);
+  tuple_elements_.resize(elements);
+  values_.erase(values_.begin() + static_cast<std::ptrdiff_t>(values), values_.end());
+  compact_at_ = 2 * (texts + tuples + elements) + stack_.size() + kept_.size() + 8192;
 }
 
 // ---- globals ----------------------------------------------------------------------------
@@ -1348,8 +1492,17 @@ PickleResult Machine::run() {
       detail::fail(ErrorCode::pickle_too_large, "the pickle has ", size_, " bytes, more than max_pickle_bytes ",
                    limits_.max_pickle_bytes);
     }
-    reserve_for_dense_state_dict();
   }
+  if (keep_fetched_only_) {
+    if (auto fetched = fetched_memo_indices(data_, window_end_)) {
+      fetched_ = std::move(*fetched);
+      kept_.resize(fetched_.size());
+      compact_at_ = 8192;
+    } else {
+      keep_fetched_only_ = false;
+    }
+  }
+  if (!allow_trailing_bytes_) reserve_for_dense_state_dict();
   for (;;) {
     op_offset_ = pos_;
     if (pos_ >= window_end_) {
@@ -1397,10 +1550,12 @@ PickleResult Machine::run() {
       case op::TUPLE1: do_tuple(1, false); break;
       case op::TUPLE2: do_tuple(2, false); break;
       case op::TUPLE3: do_tuple(3, false); break;
-      case op::SETITEM: do_setitem(false); break;
-      case op::SETITEMS: do_setitem(true); break;
-      case op::APPEND: do_append(false); break;
-      case op::APPENDS: do_append(true); break;
+      // A container just took in what was above it: the moment the stack
+      // refers least to recent arena entries.
+      case op::SETITEM: do_setitem(false); maybe_compact(); break;
+      case op::SETITEMS: do_setitem(true); maybe_compact(); break;
+      case op::APPEND: do_append(false); maybe_compact(); break;
+      case op::APPENDS: do_append(true); maybe_compact(); break;
       case op::NONE: push(Item()); break;
       case op::NEWTRUE: push(boolean_item(true)); break;
       case op::NEWFALSE: push(boolean_item(false)); break;
@@ -1434,7 +1589,7 @@ PickleResult Machine::run() {
       case op::BINBYTES: push(take_bytes(take_le(4))); break;
       case op::BINPUT: memo_put(take_le(1)); break;
       case op::LONG_BINPUT: memo_put(take_le(4)); break;
-      case op::MEMOIZE: memo_put(memo_.size()); break;
+      case op::MEMOIZE: memo_put(memo_size_); break;
       case op::BINGET: memo_get(take_le(1)); break;
       case op::LONG_BINGET: memo_get(take_le(4)); break;
       case op::GLOBAL: do_global(); break;
@@ -1455,8 +1610,13 @@ PickleResult Machine::run() {
 
 PickleResult read_pickle(std::span<const std::byte> pickle, StorageResolver& storages, const Limits& limits,
                          const PickleOptions& options, bool allow_trailing_bytes) {
-  Machine machine(pickle, storages, limits, options, allow_trailing_bytes);
-  return machine.run();
+  try {
+    Machine machine(pickle, storages, limits, options, allow_trailing_bytes, options.keep_fetched_memo_only);
+    return machine.run();
+  } catch (const MemoNotKept&) {
+    Machine machine(pickle, storages, limits, options, allow_trailing_bytes, false);
+    return machine.run();
+  }
 }
 
 }  // namespace holdpoint::format

@@ -53,6 +53,11 @@ struct PickleOptions {
   // Zip archives: keys must be canonical decimals ("0", "17"). Legacy streams
   // use pointer-like decimals too, but are checked by their own reader.
   bool canonical_storage_keys = true;
+  // Keep only the memo entries the pickle fetches again, as a first walk over
+  // its opcodes finds them, so that the arenas can drop what nothing refers
+  // to any more (a state dict then needs a few hundred bytes less per tensor).
+  // The result is the same either way; false is for tests that compare.
+  bool keep_fetched_memo_only = true;
 };
 
 struct PickleResult {
