@@ -4,11 +4,13 @@
 // Oracles besides the sanitizers: only holdpoint::Error may escape a reader;
 // every tensor of an accepted value is read in full (out-of-bounds views show
 // up under ASan); and whatever the VM accepts, the emitter writes and the VM
-// reads back to an equal value.
+// reads back to an equal value; and keeping every memo entry (no arena
+// compaction) gives the same verdict: an equal value or the same error code.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -114,6 +116,34 @@ void check_round_trip(const Value& value) {
   }
 }
 
+// The verdict of reading with options.keep_fetched_memo_only = `keep_fetched`:
+// the value, or the error code.
+struct Verdict {
+  std::optional<Value> value;
+  ErrorCode code{};
+};
+
+Verdict read_verdict(std::span<const std::byte> bytes, const Limits& limits, format::PickleOptions options,
+                     bool keep_fetched) {
+  options.keep_fetched_memo_only = keep_fetched;
+  Verdict verdict;
+  try {
+    FabricatedStorages storages;
+    verdict.value = format::read_pickle(bytes, storages, limits, options).root;
+  } catch (const Error& error) {
+    verdict.code = error.code();
+  }
+  return verdict;
+}
+
+void check_same_with_every_memo_entry(std::span<const std::byte> bytes, const Limits& limits,
+                                      const format::PickleOptions& options) {
+  const Verdict kept = read_verdict(bytes, limits, options, true);
+  const Verdict all = read_verdict(bytes, limits, options, false);
+  if (kept.value.has_value() != all.value.has_value()) std::abort();
+  if (kept.value ? !equal_content(*kept.value, *all.value) : kept.code != all.code) std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -132,6 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check_round_trip(result.root);
     } catch (const Error&) {
     }
+    check_same_with_every_memo_entry(bytes, limits, options);
   }
   try {
     auto owner = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());

@@ -982,6 +982,28 @@ TEST(PickleReader, KeepingOnlyFetchedMemoEntriesReadsTheSame) {
   EXPECT_EQ(root.at("tied").as_tensor().sizes, (std::vector<std::int64_t>{2, 3}));
 }
 
+TEST(PickleReader, ManyFetchesOfFewEntriesReadTheSame) {
+  // 200,000 fetches of three entries (the list of fetched indices is
+  // deduplicated as it grows) and fetches of an index no memo can reach.
+  PickleBuilder p;
+  p.proto().mark().str("a").binput(0).str("b").binput(1).str("c").long_binput(2);
+  for (int i = 0; i < 200000; ++i) p.binget(static_cast<std::uint8_t>(i % 2));
+  p.long_binget(2).tuple().stop();
+  PickleOptions keep_all;
+  keep_all.keep_fetched_memo_only = false;
+  const PickleResult compact = read(p);
+  EXPECT_EQ(render(compact.root), render(read(p, Limits{}, keep_all).root));
+  ASSERT_EQ(compact.root.as_list().size(), 3u + 200000u + 1u);
+  EXPECT_EQ(compact.root.as_list()[3].as_string(), "a");
+  EXPECT_EQ(compact.root.as_list()[3 + 199999].as_string(), "b");
+  EXPECT_EQ(compact.root.as_list()[3 + 200000].as_string(), "c");
+  Limits limits;
+  limits.max_memo_entries = 3;
+  PickleBuilder beyond;  // past max_memo_entries: never stored, so missing
+  beyond.proto().str("a").binput(0).long_binget(3).tuple2().stop();
+  EXPECT_ERROR_CODE(read(beyond, limits), ErrorCode::pickle_memo_missing);
+}
+
 TEST(PickleReader, MemoRejectionsHoldAfterCompactions) {
   // memo_heavy_state(1000) up to its last SETITEMS, then one more key whose
   // value is fetched from the memo.

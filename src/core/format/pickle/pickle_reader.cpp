@@ -12,8 +12,10 @@
 //
 // Items are plain words, so that pushing, memoizing and BINGET cost a copy of
 // 24 bytes. Scalars are held inline; everything else by position in arenas the
-// machine owns until it returns. Strings and bytes are views of the pickle and
-// tuples are runs of Items; either becomes a Value only where the result needs
+// machine owns (compact_arenas drops the tail that nothing refers to any more;
+// the memo keeps only the entries a later BINGET names, fetched_memo_indices).
+// Strings and bytes are views of the pickle and tuples are runs of Items;
+// either becomes a Value only where the result needs
 // one (a list element, a dict value, the root), and then once, so that every
 // reference to one opcode's object shares one Value node as before. Most never
 // do: persistent-id fields, dict keys, REDUCE arguments and tensor sizes are
@@ -261,8 +263,17 @@ bool is_quantized_storage_class(std::string_view name) {
 // every tuple and string of the file. The walk decodes opcode boundaries as the
 // machine does; should they ever differ, a fetch of an entry that was not kept
 // is caught and the pickle is read again keeping every entry (MemoNotKept).
-std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* data, std::size_t size) {
+// An index at or past `max_entries` can never have been stored, so it is not
+// collected (the machine refuses its fetch); the list is deduplicated as it
+// grows, so it stays within twice the indices that can exist.
+std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* data, std::size_t size,
+                                                               std::uint64_t max_entries) {
   std::vector<std::uint64_t> fetched;
+  std::size_t deduplicate_at = std::size_t{1} << 16;
+  const auto deduplicate = [&fetched] {
+    std::sort(fetched.begin(), fetched.end());
+    fetched.erase(std::unique(fetched.begin(), fetched.end()), fetched.end());
+  };
   std::size_t pos = 0;
   const auto le = [&](std::size_t n) -> std::optional<std::uint64_t> {
     if (n > size - pos) return std::nullopt;
@@ -287,8 +298,7 @@ std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* 
     bool ok = true;
     switch (code) {
       case op::STOP:
-        std::sort(fetched.begin(), fetched.end());
-        fetched.erase(std::unique(fetched.begin(), fetched.end()), fetched.end());
+        deduplicate();
         return fetched;
       case op::MARK: case op::EMPTY_DICT: case op::EMPTY_LIST: case op::EMPTY_TUPLE: case op::TUPLE:
       case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: case op::SETITEM: case op::SETITEMS: case op::APPEND:
@@ -309,7 +319,13 @@ std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* 
       case op::BINGET: case op::LONG_BINGET: {
         const auto index = le(code == op::BINGET ? 1 : 4);
         ok = index.has_value();
-        if (ok) fetched.push_back(*index);
+        if (ok && *index < max_entries) {
+          fetched.push_back(*index);
+          if (fetched.size() >= deduplicate_at) {
+            deduplicate();
+            deduplicate_at = std::max(deduplicate_at, 2 * fetched.size());
+          }
+        }
         break;
       }
       default: ok = false;
@@ -1494,7 +1510,7 @@ PickleResult Machine::run() {
     }
   }
   if (keep_fetched_only_) {
-    if (auto fetched = fetched_memo_indices(data_, window_end_)) {
+    if (auto fetched = fetched_memo_indices(data_, window_end_, limits_.max_memo_entries)) {
       fetched_ = std::move(*fetched);
       kept_.resize(fetched_.size());
       compact_at_ = 8192;
