@@ -431,6 +431,13 @@ class Machine {
   void set_item(Item& target, const Item& key, const Item& value);
   void memo_put(std::uint64_t index);
   void memo_get(std::uint64_t index);
+  // The kept memo slot of `index` (keep_fetched_only_), or nullptr when the
+  // walk found no fetch of it.
+  Item* kept_slot(std::uint64_t index) {
+    const auto found = std::lower_bound(fetched_.begin(), fetched_.end(), index);
+    return found != fetched_.end() && *found == index ? &kept_[static_cast<std::size_t>(found - fetched_.begin())]
+                                                      : nullptr;
+  }
   void compact_arenas();
   void maybe_compact() {
     if (keep_fetched_only_ && texts_.size() + tuples_.size() + tuple_elements_.size() >= compact_at_) {
@@ -515,7 +522,9 @@ class Machine {
 // they come (torch.save spends about 100 bytes of opcodes per tensor on 8 memo
 // entries, 13 tuple elements, 4 tuples, 2 strings and a storage), so that they
 // do not grow by doubling, which copies them and touches twice the memory,
-// each page a fresh fault. Pages never used are never touched. Called only
+// each page a fresh fault. Pages never used are never touched. When only
+// fetched memo entries are kept, compact_arenas keeps the memo and the tuple
+// and string arenas small, so only the values and storages are reserved. Called only
 // for a span that is exactly the pickle and within max_pickle_bytes (a legacy
 // stream's span runs on into its storages). A refused reservation costs only
 // speed, so it is not an error.
@@ -929,22 +938,15 @@ void Machine::memo_put(std::uint64_t index) {
     }
     return;
   }
-  const auto found = std::lower_bound(fetched_.begin(), fetched_.end(), index);
-  if (found != fetched_.end() && *found == index) kept_[static_cast<std::size_t>(found - fetched_.begin())] = stack_.back();
+  if (Item* slot = kept_slot(index)) *slot = stack_.back();
 }
 
 void Machine::memo_get(std::uint64_t index) {
   if (index >= memo_size_) {
     error(ErrorCode::pickle_memo_missing, "index ", index, " was never stored (memo size ", memo_size_, ")");
   }
-  const Item* slot = nullptr;
-  if (!keep_fetched_only_) {
-    slot = &memo_[static_cast<std::size_t>(index)];
-  } else {
-    const auto found = std::lower_bound(fetched_.begin(), fetched_.end(), index);
-    if (found == fetched_.end() || *found != index) throw MemoNotKept{};
-    slot = &kept_[static_cast<std::size_t>(found - fetched_.begin())];
-  }
+  const Item* slot = keep_fetched_only_ ? kept_slot(index) : &memo_[static_cast<std::size_t>(index)];
+  if (!slot) throw MemoNotKept{};
   const Item entry = *slot;
   if (entry.holds_mutable) {
     error(ErrorCode::pickle_memo_mutable, "memo ", index, " is (or holds) a mutable ", describe(entry),
