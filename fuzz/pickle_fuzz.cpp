@@ -4,13 +4,15 @@
 // Oracles besides the sanitizers: only holdpoint::Error may escape a reader;
 // every tensor of an accepted value is read in full (out-of-bounds views show
 // up under ASan); and whatever the VM accepts, the emitter writes and the VM
-// reads back to an equal value; and keeping every memo entry (no arena
-// compaction) gives the same verdict: an equal value or the same error code.
+// reads back to an equal value; and the plain VM (every memo entry kept, no
+// arena compaction, no tensor fast path) gives the same verdict: an equal
+// value or the same error code, and without the fast path the same message.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -116,32 +118,47 @@ void check_round_trip(const Value& value) {
   }
 }
 
-// The verdict of reading with options.keep_fetched_memo_only = `keep_fetched`:
-// the value, or the error code.
+// The verdict of reading with `options`: the value, or the error code and
+// message.
 struct Verdict {
   std::optional<Value> value;
   ErrorCode code{};
+  std::string message;
 };
 
-Verdict read_verdict(std::span<const std::byte> bytes, const Limits& limits, format::PickleOptions options,
-                     bool keep_fetched) {
-  options.keep_fetched_memo_only = keep_fetched;
+Verdict read_verdict(std::span<const std::byte> bytes, const Limits& limits, const format::PickleOptions& options) {
   Verdict verdict;
   try {
     FabricatedStorages storages;
     verdict.value = format::read_pickle(bytes, storages, limits, options).root;
   } catch (const Error& error) {
     verdict.code = error.code();
+    verdict.message = error.what();
   }
   return verdict;
 }
 
-void check_same_with_every_memo_entry(std::span<const std::byte> bytes, const Limits& limits,
-                                      const format::PickleOptions& options) {
-  const Verdict kept = read_verdict(bytes, limits, options, true);
-  const Verdict all = read_verdict(bytes, limits, options, false);
-  if (kept.value.has_value() != all.value.has_value()) std::abort();
-  if (kept.value ? !equal_content(*kept.value, *all.value) : kept.code != all.code) std::abort();
+// Keeping only the fetched memo entries, and decoding tensors in one step,
+// change how the VM works, never what it reads: each must give the value, or
+// the error, of the plain opcode-by-opcode VM that keeps every entry. The fast
+// path also keeps the error's message (its offset and opcode).
+void check_same_as_the_plain_vm(std::span<const std::byte> bytes, const Limits& limits,
+                                const format::PickleOptions& options) {
+  format::PickleOptions plain = options;
+  plain.keep_fetched_memo_only = false;
+  plain.tensor_fast_path = false;
+  const Verdict reference = read_verdict(bytes, limits, plain);
+  format::PickleOptions no_fast_path = options;
+  no_fast_path.tensor_fast_path = false;
+  const Verdict fast = read_verdict(bytes, limits, options);
+  const Verdict slow = read_verdict(bytes, limits, no_fast_path);
+  for (const Verdict* verdict : {&fast, &slow}) {
+    if (verdict->value.has_value() != reference.value.has_value()) std::abort();
+    if (verdict->value ? !equal_content(*verdict->value, *reference.value) : verdict->code != reference.code) {
+      std::abort();
+    }
+  }
+  if (!fast.value && fast.message != slow.message) std::abort();
 }
 
 }  // namespace
@@ -162,7 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check_round_trip(result.root);
     } catch (const Error&) {
     }
-    check_same_with_every_memo_entry(bytes, limits, options);
+    check_same_as_the_plain_vm(bytes, limits, options);
   }
   try {
     auto owner = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());

@@ -8,7 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "format/pickle/pickle_opcodes.h"
@@ -905,7 +909,9 @@ void render(const Value& value, std::string& out, std::vector<const void*>& seen
     case ValueKind::tensor: {
       const TensorData& tensor = value.as_tensor();
       out += "t" + std::to_string(number(&tensor)) + "/s" + std::to_string(number(tensor.storage->identity())) +
-             shape_text(tensor.sizes) + shape_text(tensor.strides) + "+" + std::to_string(tensor.storage_offset);
+             std::string(dtype_name(tensor.dtype)) + shape_text(tensor.sizes) + shape_text(tensor.strides) + "+" +
+             std::to_string(tensor.storage_offset) + (tensor.requires_grad ? "g" : "") +
+             (tensor.is_parameter ? "p" : "") + "#" + std::to_string(tensor.storage->nbytes());
       break;
     }
   }
@@ -1027,6 +1033,212 @@ TEST(PickleReader, MemoRejectionsHoldAfterCompactions) {
 }
 
 // ==== stack, marks, STOP =======================================================================
+
+// ---- the tensor fast path ----
+
+// The read of `pickle` with the tensor fast path is the read without it: an
+// equal value and counts, or the same error code and message.
+struct Outcome {
+  std::optional<ErrorCode> code;  // nullopt: accepted
+  std::uint64_t fast_path_tensors = 0;
+};
+
+Outcome expect_same_without_fast_path(const PickleBuilder& pickle, const Limits& limits = {}) {
+  PickleOptions slow;
+  slow.tensor_fast_path = false;
+  const auto attempt = [&](const PickleOptions& options) -> std::variant<PickleResult, Error> {
+    try {
+      return read(pickle, limits, options);
+    } catch (const Error& error) {
+      return error;
+    }
+  };
+  const auto fast = attempt({});
+  const auto plain = attempt(slow);
+  EXPECT_EQ(fast.index(), plain.index());
+  if (fast.index() != plain.index()) return {ErrorCode::invalid_argument, 0};
+  if (const auto* result = std::get_if<PickleResult>(&fast)) {
+    const auto& reference = std::get<PickleResult>(plain);
+    EXPECT_EQ(render(result->root), render(reference.root));
+    EXPECT_EQ(result->tensor_count, reference.tensor_count);
+    EXPECT_EQ(result->storage_count, reference.storage_count);
+    EXPECT_EQ(reference.fast_path_tensors, 0u);
+    return {std::nullopt, result->fast_path_tensors};
+  }
+  const Error& error = std::get<Error>(fast);
+  EXPECT_EQ(error.code(), std::get<Error>(plain).code());
+  EXPECT_STREQ(error.what(), std::get<Error>(plain).what());
+  return {error.code(), 0};
+}
+
+// {'w<i>': tensor i} as torch.save memoizes it: every object but an int is
+// BINPUT, and the rebuild and storage globals, 'storage', 'cpu' and the
+// OrderedDict global are fetched back by every tensor after the first.
+PickleBuilder torch_style_state(std::size_t tensors, std::initializer_list<std::int64_t> size = {2, 3},
+                                std::initializer_list<std::int64_t> stride = {3, 1}) {
+  PickleBuilder p;
+  std::uint32_t next = 0;
+  const auto binput = [&p, &next] {
+    const std::uint32_t index = next++;
+    p.long_binput(index);
+    return index;
+  };
+  p.proto().empty_dict();
+  binput();
+  p.mark();
+  std::uint32_t rebuild = 0, tag = 0, type = 0, cpu = 0, hooks = 0;
+  std::int64_t numel = 1;
+  for (std::int64_t d : size) numel *= d;
+  for (std::size_t i = 0; i < tensors; ++i) {
+    p.str("w" + std::to_string(i));
+    binput();
+    if (i == 0) {
+      p.global("torch._utils", "_rebuild_tensor_v2");
+      rebuild = binput();
+      p.mark().mark().str("storage");
+      tag = binput();
+      p.global("torch", "FloatStorage");
+      type = binput();
+    } else {
+      p.long_binget(rebuild).mark().mark().long_binget(tag).long_binget(type);
+    }
+    p.str(std::to_string(i));
+    binput();
+    if (i == 0) {
+      p.str("cpu");
+      cpu = binput();
+    } else {
+      p.long_binget(cpu);
+    }
+    p.integer(numel).tuple();
+    binput();
+    p.binpersid().integer(0);
+    p.int_tuple(size);
+    binput();
+    p.int_tuple(stride);
+    binput();
+    p.boolean(false);
+    if (i == 0) {
+      p.global("collections", "OrderedDict");
+      hooks = binput();
+    } else {
+      p.long_binget(hooks);
+    }
+    p.empty_tuple().reduce();
+    binput();
+    p.tuple();
+    binput();
+    p.reduce();
+    binput();
+  }
+  p.setitems().stop();
+  return p;
+}
+
+TEST(PickleReader, TensorFastPathReadsTheSame) {
+  // holdpoint's writer: no memo at all; every tensor takes the fast path.
+  PickleBuilder plain;
+  plain.proto().ordered_dict().mark();
+  for (int i = 0; i < 50; ++i) {
+    plain.str("w" + std::to_string(i)).tensor("FloatStorage", std::to_string(i), 6, 0, {2, 3}, {3, 1}, i % 2 == 0);
+  }
+  plain.setitems().stop();
+  const Outcome plain_outcome = expect_same_without_fast_path(plain);
+  EXPECT_FALSE(plain_outcome.code);
+  EXPECT_EQ(plain_outcome.fast_path_tensors, 50u);
+
+  // torch.save's memo: the first tensor stores entries the others fetch, so
+  // it goes opcode by opcode; the other 199 take the fast path.
+  const auto accepted_with = [](const PickleBuilder& pickle, std::uint64_t fast_path_tensors) {
+    const Outcome outcome = expect_same_without_fast_path(pickle);
+    EXPECT_FALSE(outcome.code);
+    EXPECT_EQ(outcome.fast_path_tensors, fast_path_tensors);
+  };
+  accepted_with(torch_style_state(200), 199);
+  accepted_with(torch_style_state(20, {}, {}), 19);                               // 0-d: EMPTY_TUPLE
+  accepted_with(torch_style_state(20, {70000}, {1}), 19);                         // BININT, TUPLE1
+  accepted_with(torch_style_state(5, {1, 2, 3, 1, 2}, {12, 6, 2, 2, 1}), 4);      // MARK ... TUPLE
+
+  // Every object memoized, a tensor fetched again, tensors shared: the
+  // tensor's own BINPUT follows the run and is the loop's.
+  accepted_with(memo_heavy_state(300), 300);
+
+  // A parameter around a tensor, one storage under two views, and runs the
+  // fast path leaves to the loop (_rebuild_tensor_v3 over an UntypedStorage,
+  // a metadata argument).
+  PickleBuilder mixed;
+  mixed.proto().empty_dict().mark().str("p").global("torch._utils", "_rebuild_parameter").mark();
+  mixed.tensor("FloatStorage", "0", 6, 0, {6}, {1}).boolean(true).ordered_dict().tuple().reduce();
+  mixed.str("view").tensor("FloatStorage", "0", 6, 2, {2}, {2});
+  mixed.str("untyped").global("torch._utils", "_rebuild_tensor_v3").mark().pid("UntypedStorage", "1", 8).integer(0);
+  mixed.int_tuple({2}).int_tuple({1}).boolean(false).ordered_dict().global("torch", "float32").tuple().reduce();
+  mixed.str("meta").global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "2", 4).integer(0);
+  mixed.int_tuple({4}).int_tuple({1}).boolean(false).ordered_dict().ordered_dict().tuple().reduce();
+  mixed.setitems().stop();
+  accepted_with(mixed, 2);  // the parameter's tensor and the view
+}
+
+TEST(PickleReader, TensorFastPathRefusesLikeTheVm) {
+  const auto one = [](auto&& build) {
+    PickleBuilder p;
+    p.proto().empty_dict().mark().str("a").tensor("FloatStorage", "0", 6, 0, {2, 3}, {3, 1}).str("b");
+    build(p);
+    p.setitems().stop();
+    return p;
+  };
+  const auto refused = [](const PickleBuilder& pickle, ErrorCode code, const Limits& limits = {}) {
+    EXPECT_EQ(expect_same_without_fast_path(pickle, limits).code, code);
+  };
+  refused(one([](PickleBuilder& p) { p.tensor("FloatStorage", "01", 6, 0, {6}, {1}); }),
+          ErrorCode::storage_key_invalid);
+  refused(one([](PickleBuilder& p) {
+            p.global("torch._utils", "_rebuild_tensor_v2").mark().pid("FloatStorage", "1", 6, "tpu").integer(0);
+            p.int_tuple({6}).int_tuple({1}).boolean(false).ordered_dict().tuple().reduce();
+          }),
+          ErrorCode::storage_location_unsupported);
+  refused(one([](PickleBuilder& p) { p.tensor("FloatStorage", "1", -1, 0, {1}, {1}); }),
+          ErrorCode::storage_numel_invalid);
+  refused(one([](PickleBuilder& p) { p.tensor("FloatStorage", "1", 6, 0, {3, 3}, {3, 1}); }),
+          ErrorCode::tensor_out_of_bounds);
+  refused(one([](PickleBuilder& p) { p.tensor("FloatStorage", "1", 6, -1, {2}, {1}); }),
+          ErrorCode::tensor_geometry_invalid);
+  refused(one([](PickleBuilder& p) { p.tensor("FloatStorage", "0", 7, 0, {7}, {1}); }),
+          ErrorCode::storage_redeclared);
+  refused(one([](PickleBuilder& p) { p.tensor("LongStorage", "1", 6, 0, {6}, {1}, true); }),
+          ErrorCode::tensor_requires_grad_invalid);
+  Limits two_tensors;
+  two_tensors.max_tensors = 1;
+  refused(one([](PickleBuilder& p) { p.tensor("FloatStorage", "1", 6, 0, {6}, {1}); }),
+          ErrorCode::tensor_count_limit, two_tensors);
+  Limits rank_one;
+  rank_one.max_tensor_rank = 1;
+  refused(one([](PickleBuilder& p) { p.tensor("FloatStorage", "1", 6, 0, {6}, {1}); }),
+          ErrorCode::tensor_rank_limit, rank_one);
+
+  // Every limit the run counts against, set so that it is reached at each
+  // opcode of the run in turn (and past it): the first error is the VM's.
+  const PickleBuilder state = torch_style_state(3);
+  const auto sweep = [&state](const char* what, auto set, std::uint64_t up_to) {
+    std::set<std::optional<ErrorCode>> codes;
+    for (std::uint64_t bound = 0; bound <= up_to; ++bound) {
+      SCOPED_TRACE(std::string(what) + " = " + std::to_string(bound));
+      Limits limits;
+      set(limits, bound);
+      codes.insert(expect_same_without_fast_path(state, limits).code);
+    }
+    EXPECT_TRUE(codes.count(std::nullopt)) << what;  // the sweep reaches a bound the file fits in
+    EXPECT_GT(codes.size(), 1u) << what;              // and bounds it does not
+  };
+  sweep("max_opcodes", [](Limits& l, std::uint64_t b) { l.max_opcodes = b; }, 120);
+  sweep("max_stack_items", [](Limits& l, std::uint64_t b) { l.max_stack_items = b; }, 24);
+  sweep("max_mark_depth", [](Limits& l, std::uint64_t b) { l.max_mark_depth = b; }, 4);
+  sweep("max_nesting_depth", [](Limits& l, std::uint64_t b) { l.max_nesting_depth = b; }, 4);
+  sweep("max_container_elements", [](Limits& l, std::uint64_t b) { l.max_container_elements = b; }, 60);
+  sweep("max_memo_entries", [](Limits& l, std::uint64_t b) { l.max_memo_entries = b; }, 40);
+  sweep("max_expanded_nodes", [](Limits& l, std::uint64_t b) { l.max_expanded_nodes = b; }, 20);
+  sweep("max_tensor_rank", [](Limits& l, std::uint64_t b) { l.max_tensor_rank = b; }, 3);
+  sweep("max_string_bytes", [](Limits& l, std::uint64_t b) { l.max_string_bytes = b; }, 8);
+}
 
 TEST(PickleReader, EveryPoppingOpcodeChecksForUnderflow) {
   const std::vector<std::uint8_t> popping = {op::APPEND, op::SETITEM, op::TUPLE1,    op::TUPLE2,      op::TUPLE3,

@@ -30,7 +30,11 @@ namespace holdpoint::io {
 // Page-aligned private memory (an anonymous mapping). Huge pages are not
 // requested: with the kernel's default defrag policy, MADV_HUGEPAGE makes the
 // first touch compact memory synchronously, measured 4x slower than 4 KiB
-// faults on this project's machines.
+// faults on this project's machines, and in a virtual machine it varied from
+// 2x faster to 3x slower between runs. Nor is the file mapped privately and
+// copied on write (MADV_POPULATE_WRITE): 10-20 % faster to fill, but the
+// mapping keeps the file's inode, so a generation that retention deletes would
+// hold its disk space for as long as any tensor views the snapshot.
 class Buffer {
  public:
   static std::shared_ptr<Buffer> allocate(std::size_t size);
@@ -71,7 +75,9 @@ using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)
 // Runs on the reading thread once every byte is in the buffer, possibly while
 // the SHA-256 is still being computed (parsing while hashing). It may read the
 // buffer freely; before anything writes to it, it must call `await_digest`,
-// which waits for the digest and checks it (sha256_mismatch). Whatever it
+// which waits for the digest and checks it (sha256_mismatch). It may be called
+// from any thread, any number of times: a helper thread of the parser waits
+// there so as not to take a core from the hasher. Whatever the parser
 // produces must not be used unless read_snapshot returns normally: a digest
 // mismatch is thrown even when the parser succeeded, and takes precedence over
 // the parser's own error.

@@ -59,6 +59,11 @@ struct ParseContext {
   // byte-swap a big-endian archive: a caller parsing while another thread
   // still hashes the bytes waits there.
   std::function<void()> before_in_place_write;
+  // Returns once the bytes' SHA-256 is known (throwing sha256_mismatch where
+  // it differs from the expected one); callable from any thread. A helper
+  // thread waits here before it checks record CRC-32s, so that on two cores
+  // it takes no CPU from the hasher. Empty: nothing to wait for.
+  std::function<void()> await_digest;
 };
 
 struct LoadedMapping {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "base/fail.h"
@@ -200,7 +201,10 @@ Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t m
     if (read_fully(fd, &probe, 1, path) != 0) {
       fail(ErrorCode::file_changed_during_read, "file grew beyond ", size, " bytes while being read");
     }
+    // Thread-safe: a helper thread of the parser may wait here too.
+    std::mutex digest_mutex;
     const auto check_digest = [&] {
+      const std::lock_guard lock(digest_mutex);
       snapshot.sha256 = reader.finish_hash();
       if (expected_sha256 && !(*expected_sha256 == snapshot.sha256)) {
         fail(ErrorCode::sha256_mismatch, "SHA-256 is ", snapshot.sha256.hex(), ", expected ", expected_sha256->hex());

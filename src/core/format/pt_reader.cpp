@@ -185,6 +185,13 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // checked first. A CRC failure is always reported ahead of anything the
   // records said, so a damaged record is reported as damage, not as a strange
   // value.
+  //
+  // The records are shared out between a helper thread, which starts once the
+  // file's SHA-256 is done (where another thread still computes it, that
+  // thread is the critical path and has a core of its own), and this thread,
+  // which joins in once the pickle is read. A file of a few large tensors is
+  // checked by this thread while the hash finishes; one of many small tensors
+  // by the helper while this thread runs the pickle.
   const ZipEntry* byteorder = archive.find("byteorder");
   const bool swaps_in_place = byteorder && byteorder->size == 3 && as_text(zip_entry_bytes(file, *byteorder)) == "big";
   if (swaps_in_place) {
@@ -192,13 +199,16 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
     verify_zip_crcs(archive, file, limits);
     return interpret_zip_records(archive, source, limits);
   }
-  std::exception_ptr crc_failure;
-  std::thread crc_thread([&] {
+  ZipCrcWork crcs(archive, file, limits);
+  std::exception_ptr digest_failure;
+  std::thread crc_helper([&] {
     try {
-      verify_zip_crcs(archive, file, limits);
+      if (context.await_digest) context.await_digest();
     } catch (...) {
-      crc_failure = std::current_exception();
+      digest_failure = std::current_exception();  // the caller reports the mismatch itself
+      return;
     }
+    crcs.work();
   });
   ParsedFile parsed;
   std::exception_ptr parse_failure;
@@ -207,8 +217,10 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   } catch (...) {
     parse_failure = std::current_exception();
   }
-  crc_thread.join();
-  if (crc_failure) std::rethrow_exception(crc_failure);
+  crcs.work();
+  crc_helper.join();
+  if (digest_failure) std::rethrow_exception(digest_failure);
+  crcs.finish();
   if (parse_failure) std::rethrow_exception(parse_failure);
   return parsed;
 }

@@ -14,6 +14,7 @@ inline io::SnapshotParser checkpoint_parser(LoadedMapping& out, const Limits& li
   return [&out, &limits](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest) {
     ParseContext context;
     context.before_in_place_write = await_digest;
+    context.await_digest = await_digest;
     out = parse_checkpoint_bytes(buffer->bytes(), buffer, limits, context);
     out.snapshot = buffer;
   };

@@ -450,6 +450,8 @@ class Machine {
   void do_reduce();
   void do_build();
   void do_binpersid();
+  Item storage_item(GlobalRef type, std::string_view key_text, std::string_view location, std::int64_t numel);
+  bool try_tensor_fast_path();
   std::size_t find_storage(std::string_view key) const;
   void index_storage(std::size_t position);
   std::optional<std::uint64_t> storage_number(std::string_view key) const;
@@ -460,6 +462,8 @@ class Machine {
   Item reduce_counter(const Item& args);
   Item reduce_codecs_encode(const Item& args);
   Item reduce_tensor(const Item& args, bool v3);
+  Item tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset, bool requires_grad,
+                   std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides);
   Item reduce_parameter(const Item& args);
   void check_hooks(const Item& hooks, std::string_view what) const;
   std::vector<std::int64_t> int_tuple(const Item& item, std::string_view what) const;
@@ -513,6 +517,7 @@ class Machine {
   std::uint64_t opcode_count_ = 0;
   std::uint64_t expanded_nodes_ = 0;
   std::uint64_t container_elements_ = 0;
+  std::uint64_t fast_path_tensors_ = 0;
   std::uint64_t tensor_count_ = 0;
   int protocol_ = 0;
   bool uses_binfloat_ = false;
@@ -1129,10 +1134,15 @@ void Machine::do_binpersid() {
     error(ErrorCode::legacy_view_metadata_unsupported, "view_metadata is a ", describe(element(pid, 5)),
           ", not None");
   }
+  push(storage_item(type.global, text(key), text(location), numel.integer));
+}
 
-  const bool untyped = type.global.kind == GlobalKind::untyped_storage_type;
-  const DType dtype = untyped ? DType::uint8 : type.global.dtype;
-  const std::string_view key_text = text(key);
+// The storage a well-typed persistent id names: checked, and resolved the
+// first time its key is seen.
+Item Machine::storage_item(GlobalRef type, std::string_view key_text, std::string_view location,
+                           std::int64_t numel) {
+  const bool untyped = type.kind == GlobalKind::untyped_storage_type;
+  const DType dtype = untyped ? DType::uint8 : type.dtype;
   const bool key_ok =
       options_.canonical_storage_keys ? is_canonical_decimal(key_text, 19) : is_legacy_storage_key(key_text);
   if (!key_ok) {
@@ -1140,12 +1150,12 @@ void Machine::do_binpersid() {
           options_.canonical_storage_keys ? "a canonical decimal of at most 19 digits"
                                           : "1..64 characters of [0-9A-Za-z_]");
   }
-  if (!is_supported_location(text(location))) {
-    error(ErrorCode::storage_location_unsupported, "location '", printable(text(location)),
+  if (!is_supported_location(location)) {
+    error(ErrorCode::storage_location_unsupported, "location '", printable(location),
           "' is not cpu, cuda, cuda:<n> or mps");
   }
-  if (numel.integer < 0) error(ErrorCode::storage_numel_invalid, "numel ", numel.integer, " is negative");
-  const auto count = static_cast<std::uint64_t>(numel.integer);
+  if (numel < 0) error(ErrorCode::storage_numel_invalid, "numel ", numel, " is negative");
+  const auto count = static_cast<std::uint64_t>(numel);
   const auto nbytes = checked_mul<std::uint64_t>(count, dtype_itemsize(dtype));
   if (!nbytes || *nbytes > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
     error(ErrorCode::storage_numel_invalid, "numel ", count, " x itemsize ", dtype_itemsize(dtype), " overflows");
@@ -1162,8 +1172,7 @@ void Machine::do_binpersid() {
             " and now as ", untyped ? std::string("UntypedStorage") : std::string(dtype_name(dtype)), " x ", count);
     }
     item.index = found;
-    push(item);
-    return;
+    return item;
   }
   if (storage_refs_.size() >= limits_.max_tensors) {
     error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " storages");
@@ -1172,7 +1181,7 @@ void Machine::do_binpersid() {
   request.untyped = untyped;
   request.dtype = dtype;
   request.key = std::string(key_text);
-  request.location = std::string(text(location));
+  request.location = std::string(location);
   request.numel = count;
   auto resolved = storages_.resolve(request);
   if (!resolved || resolved->nbytes() != *nbytes) {
@@ -1182,7 +1191,7 @@ void Machine::do_binpersid() {
   item.index = storage_refs_.size();
   storage_refs_.push_back({key_text, count, std::move(resolved), dtype, untyped});
   index_storage(item.index);
-  push(item);
+  return item;
 }
 
 // ---- REDUCE -----------------------------------------------------------------------------
@@ -1359,13 +1368,8 @@ Item Machine::reduce_tensor(const Item& args, bool v3) {
   if (requires_grad.kind != ItemKind::boolean) {
     error(ErrorCode::pickle_call_args_invalid, "requires_grad is a ", describe(requires_grad), ", not a bool");
   }
-  TensorData tensor;
-  tensor.dtype = dtype;
-  tensor.sizes = int_tuple(element(args, 2), "size");
-  tensor.strides = int_tuple(element(args, 3), "stride");
-  tensor.storage_offset = offset_value.integer;
-  tensor.requires_grad = requires_grad.boolean;
-  tensor.storage = storage_ref.storage;
+  std::vector<std::int64_t> sizes = int_tuple(element(args, 2), "size");
+  std::vector<std::int64_t> strides = int_tuple(element(args, 3), "stride");
   check_hooks(element(args, 5), "backward_hooks");
   if (tuple_size(args) == required + 1) {
     // torch 2.x passes tensor metadata (conj/neg bits...) only when non-empty.
@@ -1376,6 +1380,21 @@ Item Machine::reduce_tensor(const Item& args, bool v3) {
     }
     check_hooks(metadata, "the rebuild metadata");
   }
+  return tensor_item(storage_ref, dtype, offset_value.integer, requires_grad.boolean, std::move(sizes),
+                     std::move(strides));
+}
+
+// A tensor over `storage_ref` whose arguments have their types: the geometry
+// and the limits are checked here.
+Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset,
+                          bool requires_grad, std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides) {
+  TensorData tensor;
+  tensor.dtype = dtype;
+  tensor.sizes = std::move(sizes);
+  tensor.strides = std::move(strides);
+  tensor.storage_offset = storage_offset;
+  tensor.requires_grad = requires_grad;
+  tensor.storage = storage_ref.storage;
   // Geometry, mirroring ATen's set_() but stricter (format reference §7.3).
   if (tensor.sizes.size() != tensor.strides.size()) {
     error(ErrorCode::tensor_geometry_invalid, "size has ", tensor.sizes.size(), " dimensions, stride ",
@@ -1502,6 +1521,233 @@ void Machine::do_build() {
   make_mutable(target).mutable_dict().set_metadata(*state_value.as_dict().find(kMetadataKey));
 }
 
+// ---- the tensor fast path ---------------------------------------------------------------
+
+// torch.save and holdpoint's writer pickle every tensor as the same run of
+// about twenty opcodes:
+//
+//   rebuild MARK MARK 'storage' type key location numel TUPLE BINPERSID
+//     offset size stride requires_grad OrderedDict EMPTY_TUPLE REDUCE TUPLE REDUCE
+//
+// where `rebuild` is torch._utils._rebuild_tensor_v2 and `type` a storage
+// class (each a GLOBAL, or a BINGET of one), 'storage' and the location are
+// str (or BINGETs of them), size and stride are tuples of small ints, and
+// torch.save follows most objects with a BINPUT. Stepping through it one stack
+// operation at a time is most of what a state dict costs to read, so this
+// reads the run ahead without changing any state. Only when every opcode is
+// one it expects, no limit would be reached on the way, and no BINPUT stores
+// an entry the pickle fetches again, does it apply the run's effects at once:
+// the memo and the counters, then the storage and the tensor through the very
+// checks BINPERSID and REDUCE run (storage_item, tensor_item), with
+// op_offset_ at those opcodes so that errors read the same. Otherwise it
+// returns false and the loop decodes the run opcode by opcode, so the result,
+// and the first error, are those of the ordinary VM (pickle_fuzz compares the
+// two).
+bool Machine::try_tensor_fast_path() {
+  if (in_frame_ || options_.persistent_ids != PersistentIdForm::zip) return false;
+  if (marks_.size() + 3 > limits_.max_mark_depth || limits_.max_nesting_depth < 2) return false;
+  const std::size_t end = window_end_;
+  std::size_t p = pos_;
+  std::uint64_t ops = 0;
+  std::uint64_t memo_size = memo_size_;
+  std::uint64_t expanded = expanded_nodes_;
+
+  const auto code_at_p = [&]() -> int { return p < end ? std::to_integer<std::uint8_t>(data_[p]) : -1; };
+  const auto opcode = [&](std::uint8_t code) {
+    if (code_at_p() != code) return false;
+    ++p;
+    ++ops;
+    return true;
+  };
+  const auto le = [&](std::size_t n, std::uint64_t& out) {
+    if (n > end - p) return false;
+    out = 0;
+    for (std::size_t i = 0; i < n; ++i) out |= std::uint64_t{std::to_integer<std::uint8_t>(data_[p + i])} << (8 * i);
+    p += n;
+    return true;
+  };
+  // An optional BINPUT, LONG_BINPUT or MEMOIZE, of an entry nothing fetches.
+  const auto put = [&] {
+    const int code = code_at_p();
+    std::uint64_t index = memo_size;
+    if (code == op::BINPUT || code == op::LONG_BINPUT) {
+      ++p;
+      if (!le(code == op::BINPUT ? 1 : 4, index)) return false;
+    } else if (code == op::MEMOIZE) {
+      ++p;
+    } else {
+      return true;
+    }
+    ++ops;
+    if (index > memo_size) return false;
+    if (index == memo_size) {
+      if (memo_size >= limits_.max_memo_entries) return false;
+      ++memo_size;
+    }
+    return keep_fetched_only_ && kept_slot(index) == nullptr;
+  };
+  // A BINGET or LONG_BINGET of an entry that may be shared; nullptr otherwise.
+  const auto get = [&]() -> const Item* {
+    const int code = code_at_p();
+    if (code != op::BINGET && code != op::LONG_BINGET) return nullptr;
+    ++p;
+    std::uint64_t index = 0;
+    if (!le(code == op::BINGET ? 1 : 4, index)) return nullptr;
+    ++ops;
+    if (index >= memo_size) return nullptr;
+    const Item* slot = keep_fetched_only_ ? kept_slot(index)
+                                          : (index < memo_.size() ? &memo_[static_cast<std::size_t>(index)] : nullptr);
+    if (!slot || slot->holds_mutable) return nullptr;
+    expanded = saturating_add(expanded, slot->nodes);
+    return expanded <= limits_.max_expanded_nodes ? slot : nullptr;
+  };
+  const auto line = [&](std::string_view& out) {
+    const std::size_t limit = std::min(end - p, op::kMaxGlobalPartBytes + 1);
+    const void* newline = std::memchr(data_ + p, '\n', limit);
+    if (!newline) return false;
+    const auto length = static_cast<std::size_t>(static_cast<const std::byte*>(newline) - (data_ + p));
+    out = {reinterpret_cast<const char*>(data_ + p), length};
+    p += length + 1;
+    return true;
+  };
+  // The global `kind` (a storage class for storage_type), as a GLOBAL or a
+  // BINGET, and its BINPUT.
+  const auto global = [&](GlobalKind kind, GlobalRef& out) {
+    if (code_at_p() != op::GLOBAL) {
+      const Item* item = get();
+      if (!item || item->kind != ItemKind::global || item->global.kind != kind) return false;
+      out = item->global;
+      return put();
+    }
+    ++p;
+    ++ops;
+    std::string_view module, name;
+    if (!line(module) || !line(name)) return false;
+    constexpr DType kNoDType = DType::uint8;
+    switch (kind) {
+      case GlobalKind::rebuild_tensor_v2:
+        if (module != "torch._utils" || name != "_rebuild_tensor_v2") return false;
+        out = {kind, kNoDType};
+        break;
+      case GlobalKind::ordered_dict:
+        if (module != "collections" || name != "OrderedDict") return false;
+        out = {kind, kNoDType};
+        break;
+      case GlobalKind::storage_type: {
+        const auto dtype = module == "torch" ? dtype_from_storage_class(name) : std::nullopt;
+        if (!dtype) return false;
+        out = {kind, *dtype};
+        break;
+      }
+      default: return false;
+    }
+    return put();
+  };
+  // A str of at most 64 printable ASCII bytes, or a BINGET of a str, and its
+  // BINPUT.
+  const auto str = [&](std::string_view& out) {
+    const int code = code_at_p();
+    if (code != op::SHORT_BINUNICODE && code != op::BINUNICODE) {
+      const Item* item = get();
+      if (!item || item->kind != ItemKind::text) return false;
+      out = text(*item);
+      return put();
+    }
+    ++p;
+    ++ops;
+    std::uint64_t length = 0;
+    if (!le(code == op::SHORT_BINUNICODE ? 1 : 4, length)) return false;
+    if (length > 64 || length > limits_.max_string_bytes || length > end - p) return false;
+    const auto* chars = reinterpret_cast<const char*>(data_ + p);
+    for (std::size_t i = 0; i < length; ++i) {
+      if (chars[i] < 0x20 || chars[i] > 0x7E) return false;
+    }
+    out = {chars, static_cast<std::size_t>(length)};
+    p += static_cast<std::size_t>(length);
+    return put();
+  };
+  const auto integer = [&](std::int64_t& out) {
+    const int code = code_at_p();
+    std::uint64_t bits = 0;
+    if (code == op::BININT1 || code == op::BININT2) {
+      ++p;
+      if (!le(code == op::BININT1 ? 1 : 2, bits)) return false;
+      out = static_cast<std::int64_t>(bits);
+    } else if (code == op::BININT) {
+      ++p;
+      if (!le(4, bits)) return false;
+      out = static_cast<std::int32_t>(static_cast<std::uint32_t>(bits));
+    } else {
+      return false;
+    }
+    ++ops;
+    return true;
+  };
+  const auto is_integer = [&] {
+    const int code = code_at_p();
+    return code == op::BININT1 || code == op::BININT2 || code == op::BININT;
+  };
+  // () or a tuple of ints (TUPLE1..3, or MARK ... TUPLE), and its BINPUT.
+  const auto int_tuple = [&](std::vector<std::int64_t>& out) {
+    if (opcode(op::EMPTY_TUPLE)) return put();
+    const bool marked = opcode(op::MARK);
+    std::int64_t value = 0;
+    while (is_integer()) {
+      if (out.size() >= limits_.max_tensor_rank || !integer(value)) return false;
+      out.push_back(value);
+    }
+    const bool closed = marked ? opcode(op::TUPLE)
+                               : (out.size() == 1 && opcode(op::TUPLE1)) || (out.size() == 2 && opcode(op::TUPLE2)) ||
+                                     (out.size() == 3 && opcode(op::TUPLE3));
+    return closed && put();
+  };
+
+  GlobalRef rebuild{}, type{}, hooks{};
+  std::string_view tag, key, location;
+  std::int64_t numel = 0, offset = 0;
+  std::vector<std::int64_t> sizes, strides;
+  if (!global(GlobalKind::rebuild_tensor_v2, rebuild) || !opcode(op::MARK) || !opcode(op::MARK)) return false;
+  if (!str(tag) || tag != "storage" || !global(GlobalKind::storage_type, type) || !str(key) || !str(location) ||
+      !integer(numel) || !opcode(op::TUPLE) || !put()) {
+    return false;
+  }
+  const std::size_t persid_at = p;
+  if (!opcode(op::BINPERSID) || !integer(offset) || !int_tuple(sizes) || !int_tuple(strides)) return false;
+  const bool requires_grad = code_at_p() == op::NEWTRUE;
+  if (!opcode(requires_grad ? op::NEWTRUE : op::NEWFALSE)) return false;
+  if (!global(GlobalKind::ordered_dict, hooks) || !opcode(op::EMPTY_TUPLE) || !opcode(op::REDUCE) || !put() ||
+      !opcode(op::TUPLE) || !put()) {
+    return false;
+  }
+  const std::size_t reduce_at = p;
+  if (!opcode(op::REDUCE)) return false;
+
+  // The ordinary VM would hold at most this many items and count these
+  // container elements (the persistent id, size, stride, the hooks'
+  // arguments and the rebuild arguments) on the way.
+  const std::uint64_t elements = 5 + sizes.size() + strides.size() + 0 + 6;
+  if (opcode_count_ + ops > limits_.max_opcodes ||
+      stack_.size() + 10 + sizes.size() + strides.size() >= limits_.max_stack_items ||
+      saturating_add(container_elements_, elements) > limits_.max_container_elements) {
+    return false;
+  }
+  opcode_count_ += ops;
+  memo_size_ = memo_size;
+  expanded_nodes_ = expanded;
+  count_elements(elements);
+  op_offset_ = persid_at;
+  op_ = op::BINPERSID;
+  const Item storage = storage_item(type, key, location, numel);
+  op_offset_ = reduce_at;
+  op_ = op::REDUCE;
+  const Item tensor =
+      tensor_item(storage_refs_[storage.index], type.dtype, offset, requires_grad, std::move(sizes), std::move(strides));
+  pos_ = p;
+  push(tensor);
+  ++fast_path_tensors_;
+  return true;
+}
+
 // ---- the loop ---------------------------------------------------------------------------
 
 PickleResult Machine::run() {
@@ -1530,6 +1776,10 @@ PickleResult Machine::run() {
       }
       detail::fail(ErrorCode::pickle_truncated, "pickle offset ", pos_, ": the pickle ends before STOP");
     }
+    if (options_.tensor_fast_path) {
+      const auto code = std::to_integer<std::uint8_t>(data_[pos_]);
+      if ((code == op::GLOBAL || code == op::BINGET || code == op::LONG_BINGET) && try_tensor_fast_path()) continue;
+    }
     op_ = take_u8();
     if (++opcode_count_ > limits_.max_opcodes) {
       error(ErrorCode::pickle_opcode_limit, "more than max_opcodes ", limits_.max_opcodes, " opcodes");
@@ -1553,6 +1803,7 @@ PickleResult Machine::run() {
         result.uses_binfloat = uses_binfloat_;
         result.tensor_count = tensor_count_;
         result.storage_count = storage_refs_.size();
+        result.fast_path_tensors = fast_path_tensors_;
         return result;
       }
       case op::MARK:

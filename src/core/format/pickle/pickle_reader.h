@@ -58,6 +58,12 @@ struct PickleOptions {
   // to any more (a state dict then needs a few hundred bytes less per tensor).
   // The result is the same either way; false is for tests that compare.
   bool keep_fetched_memo_only = true;
+  // Decode the opcodes of a whole tensor (_rebuild_tensor_v2 with a typed
+  // storage, as torch.save and holdpoint write it) in one step instead of one
+  // stack operation at a time. Anything the step does not recognise, or that
+  // would reach a limit, goes through the ordinary VM, so the result and any
+  // error are the same either way; false is for tests that compare.
+  bool tensor_fast_path = true;
 };
 
 struct PickleResult {
@@ -67,6 +73,7 @@ struct PickleResult {
   bool uses_binfloat = false;
   std::uint64_t tensor_count = 0;
   std::uint64_t storage_count = 0;  // distinct storage keys resolved
+  std::uint64_t fast_path_tensors = 0;  // tensors decoded in one step (PickleOptions::tensor_fast_path)
 };
 
 // Runs the VM over `pickle`. With `allow_trailing_bytes` (legacy streams, where

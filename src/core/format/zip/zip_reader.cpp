@@ -696,6 +696,21 @@ void check_zip_entry_crc(const ZipArchive& archive, std::size_t index, std::uint
   if (crc_to_check(archive, index, limits)) compare_crc(archive, index, actual);
 }
 
+void ZipCrcWork::work() {
+  for (std::size_t i = next_.fetch_add(1, std::memory_order_relaxed); i < archive_.entries.size();
+       i = next_.fetch_add(1, std::memory_order_relaxed)) {
+    if (auto failure = first_crc_failure(archive_, i, i + 1, file_, limits_)) {
+      const std::lock_guard lock(failure_mutex_);
+      if (!failure_ || failure->first < failure_->first) failure_ = std::move(failure);
+    }
+  }
+}
+
+void ZipCrcWork::finish() const {
+  const std::lock_guard lock(failure_mutex_);
+  if (failure_) throw failure_->second;
+}
+
 void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits) {
   std::uint64_t total = 0;
   for (const ZipEntry& entry : archive.entries) total += entry.size;

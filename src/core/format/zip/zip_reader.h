@@ -20,14 +20,19 @@
 // whose const members (find) may be used from several threads at once.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "holdpoint/base/error.h"
 #include "holdpoint/format/limits.h"
 
 namespace holdpoint::format {
@@ -129,6 +134,25 @@ void check_zip_layout(const ZipArchive& archive);
 // Throws zip_crc_mismatch (or zip_crc_missing for a zero CRC when
 // limits.allow_zero_crc is off) for the first entry whose bytes do not match.
 void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits);
+// The same check shared out entry by entry among threads that join when they
+// are free: each call of work() checks entries nobody has taken until none is
+// left, and finish() (after every work() has returned) throws the failure a
+// sequential check would have found first.
+class ZipCrcWork {
+ public:
+  ZipCrcWork(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits)
+      : archive_(archive), file_(file), limits_(limits) {}
+  void work();
+  void finish() const;
+
+ private:
+  const ZipArchive& archive_;
+  std::span<const std::byte> file_;
+  const Limits& limits_;
+  std::atomic<std::size_t> next_{0};
+  mutable std::mutex failure_mutex_;
+  std::optional<std::pair<std::size_t, Error>> failure_;  // the lowest failing index
+};
 // The same for one entry whose payload's CRC-32 is `actual` (computed by a
 // caller that streams the file).
 void check_zip_entry_crc(const ZipArchive& archive, std::size_t index, std::uint32_t actual, const Limits& limits);
