@@ -6,6 +6,7 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/serialize.h>
 
+#include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
 
 #include "holdpoint/state/module_state.h"
@@ -345,6 +346,34 @@ TEST(TrainingStatePoison, WrongShapeDtypeOrKeyIsRefusedBeforeAnythingChanges) {
   Counters counters3;
   state3.add(shorter_state).add(counters3).set_semantic_identity("test-run").set_config(other.state.config());
   EXPECT_ERROR_CODE(state3.load_checkpoint(dir / "ckpt.pt"), ErrorCode::state_key_unknown);
+}
+
+TEST(ModuleStateApply, AModelOfManyMegabytesIsCopiedWhole) {
+  // 40 MiB of parameters and buffers of mixed sizes: past the size where a
+  // second thread copies half of the bytes. Every element must arrive.
+  torch::nn::Sequential source, target;
+  for (int i = 0; i < 10; ++i) {
+    source->push_back(torch::nn::Linear(1024, 1024 - 8 * i));
+    target->push_back(torch::nn::Linear(1024, 1024 - 8 * i));
+  }
+  source->push_back(torch::nn::BatchNorm1d(17));
+  target->push_back(torch::nn::BatchNorm1d(17));
+  {
+    at::NoGradGuard no_grad;
+    for (auto& buffer : source->buffers()) buffer.copy_(at::randn(buffer.sizes()));
+  }
+  ModuleState from(*source), to(*target);
+  const Value state = from.capture(CaptureMode::copy);
+  to.validate(state);
+  to.apply(state);
+  const auto expected = source->named_parameters(), actual = target->named_parameters();
+  ASSERT_EQ(expected.size(), actual.size());
+  for (const auto& item : expected) EXPECT_TRUE(at::equal(item.value(), actual[item.key()])) << item.key();
+  const auto expected_buffers = source->named_buffers(), actual_buffers = target->named_buffers();
+  for (const auto& item : expected_buffers) {
+    EXPECT_TRUE(at::equal(item.value(), actual_buffers[item.key()])) << item.key();
+  }
+  EXPECT_EQ(describe_difference(state, to.capture(CaptureMode::copy)), "");
 }
 
 TEST(TrainingStatePoison, ProfilePreconditionsAreCheckedAtSaveAndLoad) {

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <thread>
 
 #include "format/zip/zip_writer.h"
 #include "base/crc32.h"
@@ -817,6 +819,41 @@ TEST(ZipReaderRejects, PayloadCrcMismatch) {
   bytes[archive.find("data/1")->data_offset + 3] ^= std::byte{0x01};
   EXPECT_ERROR_CODE(verify_zip_crcs(read_zip_directory(bytes, Limits{}), bytes, Limits{}),
                     ErrorCode::zip_crc_mismatch);
+}
+
+TEST(ZipReaderRejects, SharedCrcWorkReportsTheFirstFailureInDirectoryOrder) {
+  // 64 records, two damaged, checked by three threads that take records as
+  // they come: whichever thread finds which, the failure reported is the
+  // first in directory order, as a sequential check would report it.
+  std::vector<Record> records;
+  for (int i = 0; i < 64; ++i) records.push_back({"data/" + std::to_string(i), std::string(1000 + i, 'a' + i % 26)});
+  auto bytes = write_archive(records);
+  const ZipArchive clean = read_zip_directory(bytes, Limits{});
+  for (const char* damaged : {"data/40", "data/17"}) bytes[clean.find(damaged)->data_offset + 9] ^= std::byte{0x10};
+  for (int round = 0; round < 20; ++round) {
+    const ZipArchive archive = read_zip_directory(bytes, Limits{});
+    ZipCrcWork work(archive, bytes, Limits{});
+    std::thread a([&] { work.work(); });
+    std::thread b([&] { work.work(); });
+    work.work();
+    a.join();
+    b.join();
+    try {
+      work.finish();
+      ADD_FAILURE() << "two damaged records passed";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::zip_crc_mismatch);
+      EXPECT_NE(std::string(error.what()).find("data/17"), std::string::npos) << error.what();
+    }
+  }
+  // Undamaged, the shared check passes; every record was taken once.
+  const auto intact = write_archive(records);
+  const ZipArchive archive = read_zip_directory(intact, Limits{});
+  ZipCrcWork work(archive, intact, Limits{});
+  std::thread helper([&] { work.work(); });
+  work.work();
+  helper.join();
+  EXPECT_NO_THROW(work.finish());
 }
 
 TEST(ZipReaderRejects, VerifyingAgainstOtherBytes) {

@@ -59,7 +59,9 @@ void ModuleState::validate(const Value& value) const {
 
 void ModuleState::apply(const Value& value) {
   const Dict& entries = value.as_dict();
-  for (auto& [key, tensor] : named_state(module_)) state::copy_into(tensor, entries.at(key).as_tensor());
+  std::vector<std::pair<at::Tensor, const TensorData*>> copies;
+  for (auto& [key, tensor] : named_state(module_)) copies.emplace_back(tensor, &entries.at(key).as_tensor());
+  state::copy_all_into(copies);
 }
 
 std::function<void()> ModuleState::stage(const Value& value) {

@@ -4,6 +4,8 @@
 #include <ATen/ops/empty_like.h>
 
 #include <cstdint>
+#include <exception>
+#include <thread>
 
 #include "holdpoint/tensor/torch_tensor.h"
 #include "state/state_fields.h"
@@ -32,6 +34,51 @@ at::Tensor tensor_from_state(const TensorData& state) { return to_at_tensor(stat
 void copy_into(at::Tensor& live, const TensorData& state) {
   at::NoGradGuard no_grad;
   live.copy_(to_at_tensor(state));
+}
+
+namespace {
+
+// Below this many bytes a second thread costs more than it saves.
+constexpr std::uint64_t kParallelCopyBytes = std::uint64_t{32} << 20;
+
+}  // namespace
+
+void copy_all_into(std::vector<std::pair<at::Tensor, const TensorData*>>& copies) {
+  std::uint64_t total = 0;
+  bool on_cpu = true;
+  for (const auto& [live, state] : copies) {
+    total += static_cast<std::uint64_t>(live.nbytes());
+    on_cpu = on_cpu && live.device().is_cpu();
+  }
+  if (!on_cpu || total < kParallelCopyBytes || copies.size() < 2) {
+    for (auto& [live, state] : copies) copy_into(live, *state);
+    return;
+  }
+  // This thread takes the first half of the bytes, the helper the rest.
+  std::size_t split = 0;
+  for (std::uint64_t running = 0; split < copies.size() && running < total / 2; ++split) {
+    running += static_cast<std::uint64_t>(copies[split].first.nbytes());
+  }
+  const auto copy_range = [&copies](std::size_t first, std::size_t last) {
+    for (std::size_t i = first; i < last; ++i) copy_into(copies[i].first, *copies[i].second);
+  };
+  std::exception_ptr second_half;
+  std::thread helper([&] {
+    try {
+      copy_range(split, copies.size());
+    } catch (...) {
+      second_half = std::current_exception();
+    }
+  });
+  std::exception_ptr first_half;
+  try {
+    copy_range(0, split);
+  } catch (...) {
+    first_half = std::current_exception();
+  }
+  helper.join();
+  if (first_half) std::rethrow_exception(first_half);
+  if (second_half) std::rethrow_exception(second_half);
 }
 
 namespace {

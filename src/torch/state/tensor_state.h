@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "holdpoint/state/component.h"
 #include "holdpoint/format/value.h"
@@ -24,6 +26,13 @@ at::Tensor tensor_from_state(const TensorData& state);
 
 // live.copy_(state) without autograd tracking; shapes and dtypes must match.
 void copy_into(at::Tensor& live, const TensorData& state);
+
+// copy_into for each pair. When every live tensor is on the CPU and there is
+// enough to copy, a second thread takes half of the bytes: a resume then
+// copies a model at the speed of two cores even where ATen runs one intra-op
+// thread (torch.set_num_threads(1), as torchrun sets OMP_NUM_THREADS=1). The
+// first failure in `copies` order is rethrown once both threads are done.
+void copy_all_into(std::vector<std::pair<at::Tensor, const TensorData*>>& copies);
 
 // A tensor with `like`'s dtype, sizes, strides and device holding `state`'s
 // elements, to become live state in place of `like`'s kind of tensor. It views
