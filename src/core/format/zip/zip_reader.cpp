@@ -714,24 +714,12 @@ void ZipCrcWork::finish() const {
 void verify_zip_crcs(const ZipArchive& archive, std::span<const std::byte> file, const Limits& limits) {
   std::uint64_t total = 0;
   for (const ZipEntry& entry : archive.entries) total += entry.size;
-  std::size_t split = archive.entries.size();
-  if (total >= kParallelCrcBytes) {
-    // Halve the bytes, not the entries: one entry may hold most of the file.
-    std::uint64_t running = 0;
-    for (split = 0; split < archive.entries.size() && running < total / 2; ++split) {
-      running += archive.entries[split].size;
-    }
-  }
-  std::optional<std::pair<std::size_t, Error>> second_half;
+  ZipCrcWork work(archive, file, limits);
   std::thread helper;
-  if (split < archive.entries.size()) {
-    helper = std::thread([&] { second_half = first_crc_failure(archive, split, archive.entries.size(), file, limits); });
-  }
-  auto failure = first_crc_failure(archive, 0, split, file, limits);
+  if (total >= kParallelCrcBytes) helper = std::thread([&work] { work.work(); });
+  work.work();
   if (helper.joinable()) helper.join();
-  // Report the failure a sequential check would have found first.
-  if (!failure) failure = std::move(second_half);
-  if (failure) throw failure->second;
+  work.finish();
 }
 
 }  // namespace holdpoint::format
