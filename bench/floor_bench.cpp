@@ -709,7 +709,7 @@ int main(int argc, char** argv) {
   paths.dir = fs::temp_directory_path() / "holdpoint-floor-bench";
   int repeat = 5;
   std::int64_t mib = 1024;
-  bool peers = true, growth = true;
+  bool peers = true, growth = true, big = true;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const auto value = [&]() -> std::string {
@@ -723,10 +723,11 @@ int main(int argc, char** argv) {
       else if (flag == "--python") paths.python = value();
       else if (flag == "--no-peers") peers = false;
       else if (flag == "--no-growth") growth = false;
+      else if (flag == "--no-big") big = false;  // sections 1, 2 and 5: the 1 GiB state and async blocking
       else if (flag == "--quick") repeat = 3, mib = 256, growth = false, peers = false;
       else {
         std::cerr << "usage: floor_bench [--dir DIR] [--repeat N] [--mib M] [--python PY] [--no-peers] [--no-growth] "
-                     "[--quick]\n";
+                     "[--no-big] [--quick]\n";
         return flag == "--help" || flag == "-h" ? 0 : 2;
       }
     } catch (const std::exception& error) {
@@ -744,11 +745,11 @@ int main(int argc, char** argv) {
     fs::remove_all(paths.dir);
     fs::create_directories(paths.dir);
     child_stderr = (paths.dir / "child-stderr.txt").string();
-    big_case(paths, mib, repeat);
+    if (big) big_case(paths, mib, repeat);
     std::fflush(stdout);
     many_case(paths, repeat, growth);
     std::fflush(stdout);
-    async_case(paths, repeat);
+    if (big) async_case(paths, repeat);
     std::fflush(stdout);
     if (peers) {
       sharded_case(paths, mib, repeat);

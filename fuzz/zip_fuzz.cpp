@@ -83,7 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::uint8_t sum = 0;
     for (const auto& entry : archive.entries) {
       for (std::byte b : holdpoint::format::zip_entry_bytes(file, entry)) sum ^= static_cast<std::uint8_t>(b);
-      if (archive.find(entry.record) != &entry) __builtin_trap();
+      if (archive.find(entry.record()) != &entry) __builtin_trap();
     }
     volatile std::uint8_t sink = sum;
     (void)sink;

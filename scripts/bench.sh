@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs the benchmarks; the Markdown report goes to stdout.
-#   bash scripts/bench.sh [floor] [--repeat N] [--mib M] [--dir DIR] [--no-peers] [--no-growth] [--quick]
+#   bash scripts/bench.sh [floor] [--repeat N] [--mib M] [--dir DIR] [--no-peers] [--no-growth] [--no-big] [--quick]
 #   bash scripts/bench.sh checkpoint [--case big|many|all] [--repeat N] [--dir DIR]
 #   bash scripts/bench.sh publication [--mib N] [--repeat N] [--dir DIR] [--json FILE]
 #   bash scripts/bench.sh distributed [--mib N] [--world W] [--repeat N] [--dir DIR] [--json FILE]

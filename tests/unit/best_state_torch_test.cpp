@@ -17,7 +17,9 @@
 #include "holdpoint/state/module_state.h"
 #include "holdpoint/tensor/torch_tensor.h"
 #include "holdpoint/checkpoint/training_state.h"
+#include "format/zip/zip_reader.h"
 #include "support/fault_file_system.h"
+#include "support/tampering_file_system.h"
 #include "support/test_support.h"
 
 namespace holdpoint {
@@ -26,6 +28,8 @@ namespace {
 using testing::FaultFileSystem;
 using testing::FaultKind;
 using testing::read_file_bytes;
+using testing::Tamper;
+using testing::TamperingFileSystem;
 using testing::TempDir;
 using namespace tiny_selection;
 
@@ -517,6 +521,50 @@ TEST_F(BestState, FailureAfterValidationBeforePublishLeavesTheAcceptedBytesUncha
   EXPECT_EQ(report.candidate.failure, ErrorCode::io_rename_failed);
   EXPECT_EQ(read_file_bytes(accepted), before);
   EXPECT_TRUE(staging_files(dir.path()).empty());
+}
+
+// The gate's read-back modes: a byte the file system returns wrong after the
+// staged envelope was written (planted just before the read-back maps or
+// re-reads it) is refused in both, and the accepted file keeps its bytes.
+TEST_F(BestState, EachReadBackModeRefusesAWrongByteInTheStagedEnvelope) {
+  const std::filesystem::path accepted = publish_accepted();
+  const auto before = read_file_bytes(accepted);
+  const auto in_first_tensor = [](const std::vector<std::byte>& file) -> std::optional<std::uint64_t> {
+    const auto archive = format::read_zip_directory(file, Limits{});
+    for (const auto& entry : archive.entries) {
+      if (entry.record().starts_with("data/") && entry.size > 0) return entry.data_offset + entry.size / 2;
+    }
+    return std::nullopt;
+  };
+  for (const ReadBack mode : {ReadBack::cached, ReadBack::device}) {
+    const bool device = mode == ReadBack::device;
+    SCOPED_TRACE(device ? "device" : "cached");
+    auto tamper = std::make_shared<Tamper>();
+    TamperingFileSystem fs(tamper);
+    SelectionGateOptions options;
+    options.file_system = &fs;
+    options.read_back = mode;
+
+    // Untouched, the mode's calls are made and the candidate is published.
+    const SelectionCandidate again{"snapshot_again", selected_copy, {}};
+    const SelectionGateReport clean = publish_selection(dir / "clean.pt", record, recipe, again, nullptr, options);
+    EXPECT_EQ(clean.decision, SelectionDecision::accept) << clean.reason;
+    EXPECT_EQ(tamper->drop_calls, device ? 1 : 0);
+    if (device) EXPECT_EQ(tamper->order, (std::vector<std::string>{"drop", "read"}));
+
+    tamper->order.clear();
+    tamper->on_map = true;
+    tamper->on_read = true;
+    tamper->offset = in_first_tensor;
+    const SelectionGateReport report = publish_selection(accepted, record, recipe, again, nullptr, options);
+    EXPECT_EQ(tamper->flipped.size(), 1u) << "the flip was planted";
+    EXPECT_NE(report.decision, SelectionDecision::accept) << report.reason;
+    EXPECT_FALSE(report.candidate.published);
+    ASSERT_TRUE(report.candidate.failure.has_value());
+    EXPECT_EQ(*report.candidate.failure, device ? ErrorCode::sha256_mismatch : ErrorCode::file_changed_during_read);
+    EXPECT_EQ(read_file_bytes(accepted), before);
+    EXPECT_TRUE(staging_files(dir.path()).empty());
+  }
 }
 
 class BestStateOnFaultFileSystem : public BestState {

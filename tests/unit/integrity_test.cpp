@@ -17,8 +17,6 @@
 //     (versions, timestamps, attributes). The cached read-back also compares
 //     the whole file's CRC-32 with the one computed while writing, so it
 //     refuses those flips too (file_changed_during_read) before the rename.
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -37,12 +35,17 @@
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint/schema/manifest.h"
+#include "support/tampering_file_system.h"
 #include "support/test_support.h"
 #include "support/zip_builder.h"
 
 namespace holdpoint {
 namespace {
 
+using testing::flip_on_disk;
+using testing::Tamper;
+using testing::TamperingDirectory;
+using testing::TamperingFileSystem;
 using testing::TempDir;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -78,17 +81,6 @@ void write_all(const std::filesystem::path& path, std::span<const std::byte> byt
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   if (!out) throw std::runtime_error("cannot write " + path.string());
-}
-
-// Flips every bit of the byte at `offset` of the file, in place.
-void flip_on_disk(const std::filesystem::path& path, std::uint64_t offset) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error("cannot open " + path.string());
-  std::byte b{};
-  if (::pread(fd, &b, 1, static_cast<off_t>(offset)) != 1) throw std::runtime_error("pread");
-  b ^= std::byte{0xFF};
-  if (::pwrite(fd, &b, 1, static_cast<off_t>(offset)) != 1) throw std::runtime_error("pwrite");
-  ::close(fd);
 }
 
 LoadOptions expecting(const Sha256Digest& digest) {
@@ -336,12 +328,12 @@ TEST(LargeCheckpointDigest, ABigEndianArchiveIsSwappedOnlyAfterItsDigest) {
   for (const auto& entry : archive.entries) {
     const auto payload = format::zip_entry_bytes(little, entry);
     std::vector<std::byte> bytes(payload.begin(), payload.end());
-    if (entry.record == "byteorder") {
+    if (entry.record() == "byteorder") {
       bytes = testing::bytes_of("big");
-    } else if (entry.record.starts_with("data/")) {
+    } else if (entry.record().starts_with("data/")) {
       for (std::size_t i = 0; i + 4 <= bytes.size(); i += 4) std::reverse(bytes.begin() + i, bytes.begin() + i + 4);
     }
-    zip.add_record(entry.record, bytes);
+    zip.add_record(entry.record(), bytes);
   }
   zip.finish();
   const auto big_endian = sink.take();
@@ -390,96 +382,6 @@ TEST(LargeCheckpointDigest, RunDirectoryLoadRefusesAGenerationChangedAfterItsCom
 }
 
 // ---- the read-back of publish -----------------------------------------------------------
-
-// What the test decorator saw and does.
-struct Tamper {
-  // Flip one byte of a staging file just before the read-back maps it
-  // (on_map) or reads it (on_read): the file system then returns a byte
-  // other than the one written. `offset` picks the byte from the file as
-  // written (nullopt: flip nothing).
-  bool on_map = false;
-  bool on_read = false;
-  std::function<std::optional<std::uint64_t>(const std::vector<std::byte>& file)> offset;
-  std::set<std::string> flipped;  // each staging file is flipped once
-
-  int map_calls = 0;
-  int read_calls = 0;
-  int drop_calls = 0;
-  int staging_read_calls = 0;
-  int staging_map_calls = 0;
-  std::vector<std::string> order;  // "map", "drop", "read" on staging files
-};
-
-class TamperingDirectory final : public io::Directory {
- public:
-  TamperingDirectory(std::unique_ptr<io::Directory> inner, std::shared_ptr<Tamper> tamper)
-      : inner_(std::move(inner)), tamper_(std::move(tamper)) {}
-
-  const std::filesystem::path& path() const override { return inner_->path(); }
-  std::unique_ptr<io::WritableFile> create_exclusive(const std::string& name) override {
-    return inner_->create_exclusive(name);
-  }
-  io::Snapshot read(const std::string& name, std::uint64_t max_bytes, const std::optional<Sha256Digest>& expected,
-                    const io::ReadProgress& progress, const io::SnapshotParser& parse) override {
-    ++tamper_->read_calls;
-    if (io::is_staging_name(name)) {
-      ++tamper_->staging_read_calls;
-      tamper_->order.push_back("read");
-      if (tamper_->on_read) plant(name);
-    }
-    return inner_->read(name, max_bytes, expected, progress, parse);
-  }
-  io::Snapshot map(const std::string& name, std::uint64_t max_bytes) override {
-    ++tamper_->map_calls;
-    if (io::is_staging_name(name)) {
-      ++tamper_->staging_map_calls;
-      tamper_->order.push_back("map");
-      if (tamper_->on_map) plant(name);
-    }
-    return inner_->map(name, max_bytes);
-  }
-  void drop_cached_pages(const std::string& name) override {
-    ++tamper_->drop_calls;
-    if (io::is_staging_name(name)) tamper_->order.push_back("drop");
-    inner_->drop_cached_pages(name);
-  }
-  void rename(const std::string& from, const std::string& to, bool replace) override {
-    inner_->rename(from, to, replace);
-  }
-  void link(const std::string& from, const std::string& to) override { inner_->link(from, to); }
-  void unlink(const std::string& name) override { inner_->unlink(name); }
-  void remove_directory(const std::string& name) override { inner_->remove_directory(name); }
-  std::vector<std::string> list() override { return inner_->list(); }
-  std::optional<io::FileInfo> stat(const std::string& name) override { return inner_->stat(name); }
-  void sync() override { inner_->sync(); }
-  std::unique_ptr<io::Directory> open_subdirectory(const std::string& name, bool create) override {
-    return std::make_unique<TamperingDirectory>(inner_->open_subdirectory(name, create), tamper_);
-  }
-
- private:
-  void plant(const std::string& name) {
-    if (!tamper_->offset || tamper_->flipped.contains(name)) return;
-    const auto file = path() / name;
-    const auto offset = tamper_->offset(read_all(file));
-    if (!offset) return;
-    flip_on_disk(file, *offset);
-    tamper_->flipped.insert(name);
-  }
-
-  std::unique_ptr<io::Directory> inner_;
-  std::shared_ptr<Tamper> tamper_;
-};
-
-class TamperingFileSystem final : public io::FileSystem {
- public:
-  explicit TamperingFileSystem(std::shared_ptr<Tamper> tamper) : tamper_(std::move(tamper)) {}
-  std::unique_ptr<io::Directory> open_directory(const std::filesystem::path& path, bool create) override {
-    return std::make_unique<TamperingDirectory>(io::posix_file_system().open_directory(path, create), tamper_);
-  }
-
- private:
-  std::shared_ptr<Tamper> tamper_;
-};
 
 const io::PublishVerifier kParseVerifier = [](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
   parse_checkpoint_bytes(bytes, owner);

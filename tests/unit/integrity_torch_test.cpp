@@ -168,10 +168,10 @@ std::vector<Flip> flips_of(const std::vector<std::byte>& file, const std::string
   const format::ZipEntry& first_storage = *archive.find("data/0");
   const format::ZipEntry* last_storage = &first_storage;
   for (const auto& entry : archive.entries) {
-    if (entry.record.starts_with("data/") && entry.data_offset > last_storage->data_offset) last_storage = &entry;
+    if (entry.record().starts_with("data/") && entry.data_offset > last_storage->data_offset) last_storage = &entry;
   }
   std::size_t pickle_index = 0;
-  while (archive.entries[pickle_index].record != "data.pkl") ++pickle_index;
+  while (archive.entries[pickle_index].record() != "data.pkl") ++pickle_index;
   const std::size_t pickle_central = offsets.central_entries[pickle_index];
 
   // The manifest's bytes: a text only the manifest holds, inside data.pkl.

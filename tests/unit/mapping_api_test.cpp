@@ -270,7 +270,7 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> records_of(const Val
   std::vector<std::pair<std::string, std::vector<std::byte>>> records;
   for (const auto& entry : archive.entries) {
     const auto bytes = format::zip_entry_bytes(file, entry);
-    records.emplace_back(entry.record, std::vector<std::byte>(bytes.begin(), bytes.end()));
+    records.emplace_back(entry.record(), std::vector<std::byte>(bytes.begin(), bytes.end()));
   }
   return records;
 }

@@ -95,7 +95,7 @@ TEST(ZipReaderRoundTrip, RecordsComeBackInOrderWithTheirBytes) {
   for (std::size_t i = 0; i < records.size(); ++i) {
     const ZipEntry& entry = archive.entries[i];
     EXPECT_EQ(entry.name, "model.v1/" + records[i].name);
-    EXPECT_EQ(entry.record, records[i].name);
+    EXPECT_EQ(entry.record(), records[i].name);
     EXPECT_EQ(text_of(zip_entry_bytes(bytes, entry)), records[i].payload);
     EXPECT_EQ(entry.crc32, io::crc32_of(bytes_of(records[i].payload)));
     EXPECT_EQ(entry.local_header_offset, expected_offset) << "entries tile the file";
@@ -183,7 +183,7 @@ TEST(ZipReaderRoundTrip, FindSurvivesAnIndexEditedByHand) {
   // past `entries`.
   archive.record_order.assign(archive.record_order.size(), 1);
   EXPECT_EQ(archive.find("data/9"), nullptr);
-  EXPECT_EQ(archive.find(archive.entries[0].record), &archive.entries[0]);
+  EXPECT_EQ(archive.find(archive.entries[0].record()), &archive.entries[0]);
   archive.record_order.assign(archive.record_order.size(), 1000);
   EXPECT_EQ(archive.find("data/1"), nullptr);
 }
@@ -225,7 +225,7 @@ TEST(ZipReaderAccepts, NestedFolderBecomesPartOfTheRecordName) {
   const ZipArchive archive =
       read_and_verify(build_zip(layout_of({zip_entry("a/b/data.pkl", "x"), zip_entry("a/b/version", "3")})));
   EXPECT_EQ(archive.archive_name, "a");
-  EXPECT_EQ(archive.entries[0].record, "b/data.pkl");
+  EXPECT_EQ(archive.entries[0].record(), "b/data.pkl");
 }
 
 TEST(ZipReaderAccepts, CentralZip64BlockForASaturatedOffset) {

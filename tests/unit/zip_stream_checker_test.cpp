@@ -35,7 +35,7 @@ std::vector<std::byte> written_archive() {
   return sink.take();
 }
 
-bool keep_pickle(const ZipEntry& entry) { return entry.record == "data.pkl" || entry.record == "data/0"; }
+bool keep_pickle(const ZipEntry& entry) { return entry.record() == "data.pkl" || entry.record() == "data/0"; }
 
 // Streams `file` through a checker in pieces of `piece` bytes.
 struct Streamed {
@@ -56,7 +56,7 @@ Streamed stream(std::span<const std::byte> file, std::size_t piece) {
       if (!keep_pickle(entry)) continue;
       const auto kept = checker.kept(entry);
       const auto expected = zip_entry_bytes(file, entry);
-      EXPECT_TRUE(std::equal(kept.begin(), kept.end(), expected.begin(), expected.end())) << entry.record;
+      EXPECT_TRUE(std::equal(kept.begin(), kept.end(), expected.begin(), expected.end())) << entry.record();
     }
   }
   return result;

@@ -186,7 +186,7 @@ void expect_reemitted_identically(std::span<const std::byte> original) {
   ZipWriter writer(sink, archive.archive_name);
   for (const ZipEntry& entry : archive.entries) {
     const auto payload = zip_entry_bytes(original, entry);
-    writer.begin_record(entry.record, payload.size());
+    writer.begin_record(entry.record(), payload.size());
     // Slices of at most 1 GiB, so a 4 GiB record crosses several writes.
     for (std::size_t done = 0; done < payload.size();) {
       const std::size_t slice = std::min<std::size_t>(payload.size() - done, std::size_t{1} << 30);
@@ -522,7 +522,7 @@ TEST(ZipWriterMisuse, NamesTheReaderWouldRejectAreRefused) {
   ZipWriter writer(sink, "archive");
   writer.add_record("data/\xc3\xa9t\xc3\xa9", bytes_of("ok"));
   writer.finish();
-  EXPECT_EQ(read_zip_directory(sink.bytes(), Limits{}).entries[0].record, "data/\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(read_zip_directory(sink.bytes(), Limits{}).entries[0].record(), "data/\xc3\xa9t\xc3\xa9");
 }
 
 TEST(ZipWriterMisuse, SinkFailureAbandonsTheWriter) {

@@ -106,6 +106,11 @@ struct SelectionGateReport {
 struct SelectionGateOptions {
   io::FileSystem* file_system = nullptr;  // default: the POSIX file system
   bool durable = true;
+  // How the staged file is read back before the rename (ReadBack in
+  // holdpoint/base/file_system.h; docs/publication.md): the default maps the
+  // page cache and checks every CRC-32 while the envelope is parsed; device
+  // drops the cached pages and re-reads and re-hashes what the disk returns.
+  ReadBack read_back = ReadBack::cached;
   // How the fresh module receives the staged state. Default: strict
   // state_dict load (ModuleState: every name, no other, matching dtype and
   // shape, copied in place). The gate's checks do not trust it: a load that

@@ -55,7 +55,7 @@ bool is_small_record(std::string_view record) {
 // content check would give) before its bytes are read.
 std::string_view small_record_text(ZipRecordSource& source, const ZipEntry& entry, ErrorCode code) {
   if (entry.size > kMaxSmallRecordBytes) {
-    fail(code, "record '", entry.record, "' is ", entry.size, " bytes; a valid one has at most ", kMaxSmallRecordBytes);
+    fail(code, "record '", entry.record(), "' is ", entry.size, " bytes; a valid one has at most ", kMaxSmallRecordBytes);
   }
   return as_text(source.record_bytes(entry));
 }
@@ -127,7 +127,7 @@ class ZipStorageResolver final : public StorageResolver {
     // into a table of many records would miss.
     const auto& entries = archive_.entries;
     const ZipEntry* entry =
-        next_ < entries.size() && entries[next_].record == record ? &entries[next_] : archive_.find(record);
+        next_ < entries.size() && entries[next_].record() == record ? &entries[next_] : archive_.find(record);
     if (!entry) fail(ErrorCode::storage_record_missing, "storage key '", request.key, "' has no record ", record);
     const auto expected = detail::checked_mul<std::uint64_t>(request.numel, dtype_itemsize(request.dtype));
     if (!expected) {
@@ -238,7 +238,7 @@ void screen_torchscript_record(std::string_view name) {
 
 void check_record_names(const ZipArchive& archive) {
   for (const ZipEntry& entry : archive.entries) {
-    const std::string_view record = entry.record;
+    const std::string_view record = entry.record();
     if (is_small_record(record) || record == "data.pkl") continue;
     if (record.starts_with("data/") && is_canonical_decimal(record.substr(5), 19)) continue;
     fail(ErrorCode::record_unknown, "record '", record, "' (entry ", &entry - archive.entries.data(),
@@ -247,8 +247,8 @@ void check_record_names(const ZipArchive& archive) {
 }
 
 bool record_bytes_needed(const ZipEntry& entry, const Limits& limits) {
-  if (entry.record == "data.pkl") return entry.size <= limits.max_pickle_bytes;
-  return is_small_record(entry.record) && entry.size <= kMaxSmallRecordBytes;
+  if (entry.record() == "data.pkl") return entry.size <= limits.max_pickle_bytes;
+  return is_small_record(entry.record()) && entry.size <= kMaxSmallRecordBytes;
 }
 
 // Everything after the zip structure: record values, the pickle, and the
@@ -266,9 +266,9 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   for (const ZipEntry* version : {plain_version, data_version}) {
     if (!version) continue;
     markers.version = parse_decimal_record(small_record_text(source, *version, ErrorCode::version_invalid),
-                                           ErrorCode::version_invalid, version->record);
+                                           ErrorCode::version_invalid, version->record());
     if (*markers.version < 1 || *markers.version > 10) {
-      fail(ErrorCode::version_unsupported, "record '", version->record, "': archive version ", *markers.version,
+      fail(ErrorCode::version_unsupported, "record '", version->record(), "': archive version ", *markers.version,
            " is outside 1..10");
     }
   }
@@ -284,12 +284,12 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   if (const ZipEntry* entry = archive.find(".format_version")) {
     markers.format_version = parse_decimal_record(
         small_record_text(source, *entry, ErrorCode::format_version_invalid), ErrorCode::format_version_invalid,
-        entry->record);
+        entry->record());
   }
   if (const ZipEntry* entry = archive.find(".storage_alignment")) {
     markers.storage_alignment = parse_decimal_record(
         small_record_text(source, *entry, ErrorCode::format_version_invalid), ErrorCode::format_version_invalid,
-        entry->record);
+        entry->record());
   }
   if (const ZipEntry* entry = archive.find(".data/serialization_id")) {
     const std::string_view value = small_record_text(source, *entry, ErrorCode::format_version_invalid);
@@ -313,8 +313,8 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   // is data smuggled past the pickle.
   for (std::size_t i = 0; i < archive.entries.size(); ++i) {
     const ZipEntry& entry = archive.entries[i];
-    if (entry.record.starts_with("data/") && !resolver.referenced(i)) {
-      fail(ErrorCode::record_unreferenced, "record '", entry.record, "' is not referenced by data.pkl");
+    if (entry.record().starts_with("data/") && !resolver.referenced(i)) {
+      fail(ErrorCode::record_unreferenced, "record '", entry.record(), "' is not referenced by data.pkl");
     }
   }
 
@@ -326,7 +326,7 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   markers.producer = describe_producer(markers);
   parsed.records.reserve(archive.entries.size());
   for (const ZipEntry& entry : archive.entries) {
-    parsed.records.push_back({entry.record, entry.data_offset, entry.size, entry.crc32});
+    parsed.records.push_back({std::string(entry.record()), entry.data_offset, entry.size, entry.crc32});
   }
   return parsed;
 }

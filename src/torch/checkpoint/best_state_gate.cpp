@@ -223,6 +223,7 @@ PublicationAttempt attempt_publication(const std::filesystem::path& target, cons
     io::PublishOptions publish_options;
     publish_options.replace = true;  // a new selection supersedes the previous one
     publish_options.durable = options.durable;
+    publish_options.read_back = options.read_back;
     publish_options.verifier_checks_content = true;  // verify_staged parses the envelope, CRC-32s included
     const io::PublishResult published = io::publish(
         *directory, target.filename().string(), publish_options,

@@ -371,7 +371,7 @@ std::uint64_t read_central_entry(const FileWindow& file, std::uint64_t pos, std:
   check_record_components(index, name, rest);
 
   entry.name = std::string(name);
-  entry.record = std::string(rest);
+  entry.record_offset = static_cast<std::uint16_t>(name.size() - rest.size());  // names hold at most 65535 bytes
   entry.local_header_offset = values.local_header_offset;
   entry.size = values.uncompressed_size;
   entry.crc32 = crc;
@@ -390,10 +390,10 @@ void index_records(ZipArchive& archive) {
   const std::size_t mask = slots.size() - 1;
   for (std::uint32_t i = 0; i < entries.size(); ++i) {
     const ZipEntry& entry = entries[i];
-    std::size_t slot = zip::folded_hash(entry.record) & mask;
+    std::size_t slot = zip::folded_hash(entry.record()) & mask;
     for (; slots[slot] != 0; slot = (slot + 1) & mask) {
       const std::uint32_t earlier = slots[slot] - 1;
-      if (!zip::equal_folded(entries[earlier].record, entry.record)) continue;
+      if (!zip::equal_folded(entries[earlier].record(), entry.record())) continue;
       if (entries[earlier].name == entry.name) {
         fail(ErrorCode::zip_name_duplicate, entry_label(i, entry.name), ": same name as entry ", earlier);
       }
@@ -431,7 +431,7 @@ void read_local_entry(ZipByteSource& file, std::uint64_t directory_offset, std::
 const ZipEntry* ZipArchive::find(std::string_view record) const {
   if (record_order.size() != record_index_size(entries.size())) {
     for (const ZipEntry& entry : entries) {
-      if (entry.record == record) return &entry;
+      if (entry.record() == record) return &entry;
     }
     return nullptr;
   }
@@ -441,7 +441,7 @@ const ZipEntry* ZipArchive::find(std::string_view record) const {
   std::size_t slot = zip::folded_hash(record) & mask;
   for (std::size_t probes = 0; probes < record_order.size() && record_order[slot] != 0; ++probes) {
     const std::size_t index = record_order[slot] - 1;
-    if (index < entries.size() && entries[index].record == record) return &entries[index];
+    if (index < entries.size() && entries[index].record() == record) return &entries[index];
     slot = (slot + 1) & mask;
   }
   return nullptr;

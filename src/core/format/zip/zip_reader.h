@@ -38,15 +38,19 @@
 namespace holdpoint::format {
 
 struct ZipEntry {
-  std::string name;    // full name as stored: "archive/data/0"
-  std::string record;  // the name without "<archive>/": "data/0"
+  std::string name;  // full name as stored: "archive/data/0"
   std::uint64_t local_header_offset = 0;
   std::uint64_t data_offset = 0;
   std::uint64_t size = 0;
-  std::uint32_t crc32 = 0;
-  std::uint16_t flags = 0;
   // One past the last byte of the entry (payload plus data descriptor).
   std::uint64_t end_offset = 0;
+  std::uint32_t crc32 = 0;
+  std::uint16_t flags = 0;
+  std::uint16_t record_offset = 0;  // where the record name starts in `name`
+
+  // The name without "<archive>/": "data/0". A view into `name` (an archive
+  // may hold a million entries: one string each, not two).
+  std::string_view record() const { return std::string_view(name).substr(record_offset); }
 };
 
 struct ZipArchive {

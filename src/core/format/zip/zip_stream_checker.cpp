@@ -17,9 +17,7 @@ ZipStreamChecker::ZipStreamChecker(ZipArchive& archive, std::uint64_t file_size,
       file_size_(file_size),
       keep_(std::move(keep)),
       by_offset_(archive.entries.size()),
-      crcs_(archive.entries.size()),
-      keeps_(archive.entries.size()),
-      kept_(archive.entries.size()) {
+      crcs_(archive.entries.size()) {
   for (std::uint32_t i = 0; i < by_offset_.size(); ++i) by_offset_[i] = i;
   const auto& entries = archive_.entries;
   std::stable_sort(by_offset_.begin(), by_offset_.end(), [&](std::uint32_t a, std::uint32_t b) {
@@ -86,8 +84,11 @@ void ZipStreamChecker::consume(std::uint64_t offset, std::span<const std::byte> 
           if (!gather(bytes, header_size_)) break;
           descriptor_width_ = check_local_header(scratch_, archive_.central_directory_offset, index, entry);
           payload_left_ = entry.size;
-          keeps_[index] = keep_(entry);
-          if (keeps_[index]) kept_[index].reserve(static_cast<std::size_t>(entry.size));
+          keeping_ = nullptr;
+          if (keep_(entry)) {
+            keeping_ = &kept_[static_cast<std::uint32_t>(index)];
+            keeping_->reserve(static_cast<std::size_t>(entry.size));
+          }
           step_ = Step::payload;
           if (payload_left_ == 0) end_payload();
           break;
@@ -95,7 +96,7 @@ void ZipStreamChecker::consume(std::uint64_t offset, std::span<const std::byte> 
           const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(payload_left_, bytes.size()));
           const auto piece = bytes.first(take);
           crcs_[index] = io::crc32_update(crcs_[index], piece.data(), piece.size());
-          if (keeps_[index]) kept_[index].insert(kept_[index].end(), piece.begin(), piece.end());
+          if (keeping_) keeping_->insert(keeping_->end(), piece.begin(), piece.end());
           bytes = bytes.subspan(take);
           position_ += take;
           payload_left_ -= take;
@@ -138,10 +139,11 @@ void ZipStreamChecker::check_crcs(const Limits& limits) const {
 
 std::span<const std::byte> ZipStreamChecker::kept(const ZipEntry& entry) const {
   const std::size_t index = static_cast<std::size_t>(&entry - archive_.entries.data());
-  if (step_ != Step::done || index >= kept_.size() || !keeps_[index]) {
-    fail(ErrorCode::invalid_argument, "zip stream: the payload of '", entry.record, "' was not kept");
+  const auto found = index < archive_.entries.size() ? kept_.find(static_cast<std::uint32_t>(index)) : kept_.end();
+  if (step_ != Step::done || found == kept_.end()) {
+    fail(ErrorCode::invalid_argument, "zip stream: the payload of '", entry.record(), "' was not kept");
   }
-  return kept_[index];
+  return found->second;
 }
 
 }  // namespace holdpoint::format

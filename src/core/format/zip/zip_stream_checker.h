@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "format/zip/zip_reader.h"
@@ -72,8 +73,10 @@ class ZipStreamChecker {
   std::function<bool(const ZipEntry&)> keep_;
   std::vector<std::uint32_t> by_offset_;  // entry indices in local header order
   std::vector<std::uint32_t> crcs_;       // by entry index
-  std::vector<bool> keeps_;               // by entry index
-  std::vector<std::vector<std::byte>> kept_;  // by entry index
+  // The kept payloads by entry index: only a few records (data.pkl and the
+  // small ones), so nothing is spent per tensor.
+  std::unordered_map<std::uint32_t, std::vector<std::byte>> kept_;
+  std::vector<std::byte>* keeping_ = nullptr;  // the current entry's, while its payload passes
   std::uint64_t position_ = 0;            // offset of the next byte consume() expects
   Step step_ = Step::header_start;
   std::size_t current_ = 0;   // position in by_offset_
