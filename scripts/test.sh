@@ -38,5 +38,6 @@ cmake -S . -B "$fuzz_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DHOLDPOINT_FUZZ=ON -DHOLDPOINT_TESTS=OFF \
   -DHOLDPOINT_FUZZ_SECONDS="${HOLDPOINT_FUZZ_SECONDS:-30}"
 cmake --build "$fuzz_dir" -j "$jobs"
-ctest --test-dir "$fuzz_dir" -L fuzz --output-on-failure
+# Each fuzzer is single-threaded: one per core.
+ctest --test-dir "$fuzz_dir" -L fuzz -j "$jobs" --output-on-failure
 stage "all tests passed"
