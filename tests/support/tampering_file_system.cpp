@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "base/publish.h"
+#include "format/zip/zip_reader.h"
 #include "support/test_support.h"
 
 namespace holdpoint::testing {
@@ -51,12 +52,23 @@ std::unique_ptr<io::Directory> TamperingFileSystem::open_directory(const std::fi
   return std::make_unique<TamperingDirectory>(io::posix_file_system().open_directory(path, create), tamper_);
 }
 
+std::function<std::optional<std::uint64_t>(const std::vector<std::byte>& file)> in_record_payload(
+    std::string record) {
+  return [record = std::move(record)](const std::vector<std::byte>& file) -> std::optional<std::uint64_t> {
+    const auto archive = format::read_zip_directory(file, Limits{});
+    const format::ZipEntry* entry = archive.find(record);
+    if (!entry || entry->size == 0) return std::nullopt;
+    return entry->data_offset + entry->size / 2;
+  };
+}
+
 void flip_on_disk(const std::filesystem::path& path, std::uint64_t offset) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("cannot open " + path.string());
   std::byte b{};
-  const bool ok = ::pread(fd, &b, 1, static_cast<off_t>(offset)) == 1 &&
-                  (b ^= std::byte{0xFF}, ::pwrite(fd, &b, 1, static_cast<off_t>(offset)) == 1);
+  bool ok = ::pread(fd, &b, 1, static_cast<off_t>(offset)) == 1;
+  b ^= std::byte{0xFF};
+  ok = ok && ::pwrite(fd, &b, 1, static_cast<off_t>(offset)) == 1;
   ::close(fd);
   if (!ok) throw std::runtime_error("cannot flip byte " + std::to_string(offset) + " of " + path.string());
 }

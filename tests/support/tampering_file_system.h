@@ -79,6 +79,11 @@ class TamperingFileSystem final : public io::FileSystem {
   std::shared_ptr<Tamper> tamper_;
 };
 
+// A Tamper::offset: the middle byte of zip record `record`'s payload
+// ("data/0": a tensor's bytes), or nullopt when the file has no such record.
+std::function<std::optional<std::uint64_t>(const std::vector<std::byte>& file)> in_record_payload(
+    std::string record);
+
 // Flips every bit of the byte at `offset` of the file, in place.
 void flip_on_disk(const std::filesystem::path& path, std::uint64_t offset);
 

@@ -17,7 +17,6 @@
 #include "holdpoint/state/module_state.h"
 #include "holdpoint/tensor/torch_tensor.h"
 #include "holdpoint/checkpoint/training_state.h"
-#include "format/zip/zip_reader.h"
 #include "support/fault_file_system.h"
 #include "support/tampering_file_system.h"
 #include "support/test_support.h"
@@ -529,13 +528,6 @@ TEST_F(BestState, FailureAfterValidationBeforePublishLeavesTheAcceptedBytesUncha
 TEST_F(BestState, EachReadBackModeRefusesAWrongByteInTheStagedEnvelope) {
   const std::filesystem::path accepted = publish_accepted();
   const auto before = read_file_bytes(accepted);
-  const auto in_first_tensor = [](const std::vector<std::byte>& file) -> std::optional<std::uint64_t> {
-    const auto archive = format::read_zip_directory(file, Limits{});
-    for (const auto& entry : archive.entries) {
-      if (entry.record().starts_with("data/") && entry.size > 0) return entry.data_offset + entry.size / 2;
-    }
-    return std::nullopt;
-  };
   for (const ReadBack mode : {ReadBack::cached, ReadBack::device}) {
     const bool device = mode == ReadBack::device;
     SCOPED_TRACE(device ? "device" : "cached");
@@ -550,12 +542,14 @@ TEST_F(BestState, EachReadBackModeRefusesAWrongByteInTheStagedEnvelope) {
     const SelectionGateReport clean = publish_selection(dir / "clean.pt", record, recipe, again, nullptr, options);
     EXPECT_EQ(clean.decision, SelectionDecision::accept) << clean.reason;
     EXPECT_EQ(tamper->drop_calls, device ? 1 : 0);
-    if (device) EXPECT_EQ(tamper->order, (std::vector<std::string>{"drop", "read"}));
+    if (device) {
+      EXPECT_EQ(tamper->order, (std::vector<std::string>{"drop", "read"}));
+    }
 
     tamper->order.clear();
     tamper->on_map = true;
     tamper->on_read = true;
-    tamper->offset = in_first_tensor;
+    tamper->offset = testing::in_record_payload("data/0");
     const SelectionGateReport report = publish_selection(accepted, record, recipe, again, nullptr, options);
     EXPECT_EQ(tamper->flipped.size(), 1u) << "the flip was planted";
     EXPECT_NE(report.decision, SelectionDecision::accept) << report.reason;

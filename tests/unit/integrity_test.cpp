@@ -43,6 +43,7 @@ namespace holdpoint {
 namespace {
 
 using testing::flip_on_disk;
+using testing::in_record_payload;
 using testing::Tamper;
 using testing::TamperingDirectory;
 using testing::TamperingFileSystem;
@@ -395,15 +396,6 @@ std::vector<std::string> staging_files(const std::filesystem::path& directory) {
   return out;
 }
 
-// A flip inside the big tensor's payload.
-std::function<std::optional<std::uint64_t>(const std::vector<std::byte>&)> in_payload() {
-  return [](const std::vector<std::byte>& file) -> std::optional<std::uint64_t> {
-    const auto archive = format::read_zip_directory(file, Limits{});
-    const auto& big = entry_named(archive, "data/0");
-    return big.data_offset + big.size / 2;
-  };
-}
-
 class PublishReadBack : public ::testing::Test {
  protected:
   // Publishes `bytes` as "ckpt.pt" through a tampering directory.
@@ -433,7 +425,7 @@ TEST_F(PublishReadBack, CachedModeMapsAndParsesALargeCheckpointWithoutReadingIt)
 
 TEST_F(PublishReadBack, CachedModeRefusesAByteThePageCacheReturnsWrong) {
   tamper_->on_map = true;
-  tamper_->offset = in_payload();
+  tamper_->offset = in_record_payload("data/0");
   // The whole file's CRC-32 sees it before the parse would (zip_crc_mismatch).
   EXPECT_ERROR_CODE(
       publish(checkpoint_, {.durable = false, .read_back = ReadBack::cached, .verifier_checks_content = true}),
@@ -445,7 +437,7 @@ TEST_F(PublishReadBack, CachedModeRefusesAByteThePageCacheReturnsWrong) {
 
 TEST_F(PublishReadBack, DeviceModeDropsTheCacheRereadsAndRefusesAByteTheDeviceReturnsWrong) {
   tamper_->on_read = true;
-  tamper_->offset = in_payload();
+  tamper_->offset = in_record_payload("data/0");
   for (const bool durable : {false, true}) {
     SCOPED_TRACE(durable);
     tamper_->order.clear();
@@ -484,7 +476,7 @@ TEST_F(PublishReadBack, DeviceModeSucceedsAndCallsDropOnceWhenNothingIsWrong) {
 TEST_F(PublishReadBack, CachedModeRereadsAndRehashesWhenTheVerifierDoesNotCheckContent) {
   tamper_->on_read = true;
   tamper_->on_map = true;
-  tamper_->offset = in_payload();
+  tamper_->offset = in_record_payload("data/0");
   EXPECT_ERROR_CODE(
       publish(checkpoint_, {.durable = false, .read_back = ReadBack::cached, .verifier_checks_content = false}),
       ErrorCode::sha256_mismatch);
@@ -545,7 +537,7 @@ TEST_P(CommitReadBack, AWrongByteFromTheFileSystemIsNeverCommitted) {
 
   tamper_->on_map = true;
   tamper_->on_read = true;
-  tamper_->offset = in_payload();
+  tamper_->offset = in_record_payload("data/0");
   const auto second = file_of(checkpoint_value(2 * kMiB, 2));
   EXPECT_ERROR_CODE(run.commit(at_step(2), [&](io::ByteSink& sink) { sink.write(second); }),
                     device ? ErrorCode::sha256_mismatch : ErrorCode::file_changed_during_read);
