@@ -1010,6 +1010,96 @@ TEST(PickleReader, ManyFetchesOfFewEntriesReadTheSame) {
   EXPECT_ERROR_CODE(read(beyond, limits), ErrorCode::pickle_memo_missing);
 }
 
+// `value` as PickleOptions::drop_tensors reads it: None for every tensor a
+// container holds (a tensor at the root stays one).
+Value with_tensors_dropped(const Value& value, bool root = true) {
+  if (value.is_tensor()) return root ? value : Value::none();
+  if (value.is_sequence()) {
+    Value::List items;
+    for (const Value& item : value.as_list()) items.push_back(with_tensors_dropped(item, false));
+    return value.kind() == ValueKind::tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+  }
+  if (value.is_dict()) {
+    Dict entries;
+    for (const auto& [key, item] : value.as_dict()) entries.insert(key, with_tensors_dropped(item, false));
+    if (value.as_dict().metadata()) entries.set_metadata(*value.as_dict().metadata());
+    return value.kind() == ValueKind::ordered_dict ? Value::ordered_dict(std::move(entries))
+                                                   : Value::dict(std::move(entries));
+  }
+  return value;
+}
+
+TEST(PickleReader, DroppingTensorsChecksThemAndKeepsEverythingElse) {
+  PickleOptions drop;
+  drop.drop_tensors = true;
+  const PickleBuilder state = memo_heavy_state(300);
+  const PickleResult full = read(state);
+  const PickleResult dropped = read(state, Limits{}, drop);
+  EXPECT_EQ(render(dropped.root), render(with_tensors_dropped(full.root)));
+  EXPECT_EQ(dropped.tensor_count, 300u);
+  EXPECT_EQ(dropped.storage_count, full.storage_count);
+  const Dict& root = dropped.root.as_dict();
+  EXPECT_TRUE(root.at("tied").is_none());
+  EXPECT_TRUE(root.at("groups").as_list()[7].as_dict().at("w7").is_none());
+  EXPECT_EQ(root.at("groups").as_list()[7].as_dict().at("n7").as_list()[0].as_int(), 7);
+
+  // A parameter in a tuple, a list and an OrderedDict (with _metadata); a
+  // tensor at the root stays one.
+  PickleBuilder nested;
+  nested.proto().global("collections", "OrderedDict").empty_tuple().reduce().binput(0);
+  nested.str("p").global("torch._utils", "_rebuild_parameter").tensor("FloatStorage", "0", 6, 0, {2, 3}, {3, 1});
+  nested.boolean(true).ordered_dict().tuple3().reduce().setitem();
+  nested.str("l").empty_list().tensor("FloatStorage", "1", 4, 0, {4}, {1}).append().setitem();
+  nested.str("t").tensor("FloatStorage", "1", 4, 1, {2}, {1}).integer(3).tuple2().setitem();
+  nested.empty_dict().str("_metadata").global("collections", "OrderedDict").empty_tuple().reduce();
+  nested.str("").empty_dict().str("version").integer(1).setitem().setitem().setitem().build().stop();
+  const PickleResult nested_full = read(nested);
+  const PickleResult nested_dropped = read(nested, Limits{}, drop);
+  EXPECT_EQ(render(nested_dropped.root), render(with_tensors_dropped(nested_full.root)));
+  EXPECT_TRUE(nested_dropped.root.as_dict().at("p").is_none());
+  EXPECT_TRUE(nested_dropped.root.as_dict().at("l").as_list()[0].is_none());
+  EXPECT_TRUE(nested_dropped.root.as_dict().at("t").as_list()[0].is_none());
+  EXPECT_EQ(nested_dropped.root.as_dict().at("t").as_list()[1].as_int(), 3);
+  ASSERT_NE(nested_dropped.root.as_dict().metadata(), nullptr);
+  EXPECT_EQ(nested_dropped.tensor_count, 3u);
+  PickleBuilder bare;
+  bare.proto().tensor("FloatStorage", "0", 6, 0, {2, 3}, {3, 1}).stop();
+  EXPECT_TRUE(read(bare, Limits{}, drop).root.is_tensor());
+}
+
+TEST(PickleReader, DroppingTensorsRefusesWhatReadingRefusesWithTheSameCode) {
+  PickleOptions drop;
+  drop.drop_tensors = true;
+  std::vector<std::pair<PickleBuilder, ErrorCode>> cases(6);
+  // A view past its storage, in a dict.
+  cases[0].first.proto().empty_dict().str("w").tensor("FloatStorage", "0", 6, 0, {2, 4}, {4, 1}).setitem().stop();
+  cases[0].second = ErrorCode::tensor_out_of_bounds;
+  // A tensor as a Counter's count: dropped first, refused all the same.
+  cases[1].first.proto().global("collections", "Counter").empty_dict().integer(2);
+  cases[1].first.tensor("FloatStorage", "0", 1, 0, {}, {}).setitem().tuple1().reduce().stop();
+  cases[1].second = ErrorCode::pickle_call_args_invalid;
+  // A tensor as a module version in _metadata.
+  cases[2].first.proto().global("collections", "OrderedDict").empty_tuple().reduce().empty_dict().str("_metadata");
+  cases[2].first.empty_dict().str("").empty_dict().str("version").tensor("FloatStorage", "0", 1, 0, {}, {});
+  cases[2].first.setitem().setitem().setitem().build().stop();
+  cases[2].second = ErrorCode::pickle_build_forbidden;
+  // The same key twice, both values tensors.
+  cases[3].first.proto().empty_dict().mark().str("w").tensor("FloatStorage", "0", 6, 0, {6}, {1});
+  cases[3].first.str("w").tensor("FloatStorage", "1", 6, 0, {6}, {1}).setitems().stop();
+  cases[3].second = ErrorCode::pickle_duplicate_key;
+  // One storage key declared with two sizes.
+  cases[4].first.proto().empty_list().mark().tensor("FloatStorage", "0", 6, 0, {6}, {1});
+  cases[4].first.tensor("FloatStorage", "0", 8, 0, {8}, {1}).appends().stop();
+  cases[4].second = ErrorCode::storage_redeclared;
+  // requires_grad on an integer tensor.
+  cases[5].first.proto().empty_list().tensor("LongStorage", "0", 6, 0, {6}, {1}, true).append().stop();
+  cases[5].second = ErrorCode::tensor_requires_grad_invalid;
+  for (const auto& [pickle, code] : cases) {
+    EXPECT_ERROR_CODE(read(pickle), code);
+    EXPECT_ERROR_CODE(read(pickle, Limits{}, drop), code);
+  }
+}
+
 TEST(PickleReader, MemoRejectionsHoldAfterCompactions) {
   // memo_heavy_state(1000) up to its last SETITEMS, then one more key whose
   // value is fetched from the memo.

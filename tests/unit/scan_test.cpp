@@ -130,6 +130,39 @@ Outcome loaded(const std::filesystem::path& path, const LoadOptions& options = {
   return outcome_of([&] { return load_checkpoint_mapping(path, options); });
 }
 
+// `value` with None for every tensor a container holds (a tensor at the root
+// stays one).
+Value with_tensors_dropped(const Value& value, bool root = true) {
+  if (value.is_tensor()) return root ? value : Value::none();
+  if (value.is_sequence()) {
+    Value::List items;
+    for (const Value& item : value.as_list()) items.push_back(with_tensors_dropped(item, false));
+    return value.is_tuple() ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+  }
+  if (value.is_dict()) {
+    Dict entries;
+    for (const auto& [key, item] : value.as_dict()) entries.insert(key, with_tensors_dropped(item, false));
+    if (const auto& metadata = value.as_dict().metadata()) entries.set_metadata(*metadata);
+    return value.kind() == ValueKind::ordered_dict ? Value::ordered_dict(std::move(entries))
+                                                   : Value::dict(std::move(entries));
+  }
+  return value;
+}
+
+// A ScanKeeps::verdict scan, and what it must give: the load's reading without
+// records or tensors.
+Outcome scanned_for_verdict(const std::filesystem::path& path, const LoadOptions& options = {}) {
+  return outcome_of([&] { return scan_checkpoint(path, options, ScanKeeps::verdict); });
+}
+Outcome loaded_as_verdict(const std::filesystem::path& path, const LoadOptions& options = {}) {
+  return outcome_of([&] {
+    LoadedMapping mapping = load_checkpoint_mapping(path, options);
+    mapping.records.clear();
+    mapping.root = with_tensors_dropped(mapping.root);
+    return mapping;
+  });
+}
+
 // Every tensor of a scanned zip or safetensors file has a storage without
 // bytes.
 void expect_no_tensor_bytes(const Value& value) {
@@ -148,6 +181,7 @@ void expect_same_reading(const std::filesystem::path& path) {
   SCOPED_TRACE(path.string());
   const Outcome expected = loaded(path);
   EXPECT_EQ(scanned(path), expected);
+  EXPECT_EQ(scanned_for_verdict(path), loaded_as_verdict(path));
   LoadOptions wrong;
   wrong.expected_sha256 = Sha256::of(testing::bytes_of("not this file"));
   EXPECT_EQ(scanned(path, wrong).code, std::optional<ErrorCode>(ErrorCode::sha256_mismatch));
@@ -406,6 +440,7 @@ void sweep_flips(const std::filesystem::path& original, const TempDir& dir) {
     write_file_bytes(path, flipped(bytes, offset));
     SCOPED_TRACE("flip at " + std::to_string(offset));
     EXPECT_EQ(scanned(path), loaded(path));
+    EXPECT_EQ(scanned_for_verdict(path).code, loaded(path).code);
     EXPECT_EQ(scanned(path, pinned).code, std::optional<ErrorCode>(ErrorCode::sha256_mismatch));
   }
 }
@@ -419,6 +454,7 @@ void sweep_truncations(const std::filesystem::path& original, const TempDir& dir
     const Outcome outcome = scanned(path);
     EXPECT_TRUE(outcome.code.has_value());
     EXPECT_EQ(outcome, loaded(path));
+    EXPECT_EQ(scanned_for_verdict(path).code, outcome.code);
   }
 }
 
@@ -615,6 +651,56 @@ TEST(ScanDetectsChange, CentralDirectoryRewrittenWhileStreaming) {
   };
   EXPECT_ERROR_CODE(scan_checkpoint(path, options), ErrorCode::file_changed_during_read);
   EXPECT_TRUE(changed);
+}
+
+TEST(ScanDetectsChange, LastCentralDirectoryByteRewrittenWhileStreaming) {
+  // The directory is kept only as its SHA-256 once parsed: the whole of it is
+  // compared, to its last byte, for either kind of scan.
+  TempDir dir;
+  const auto path = write_streamed_checkpoint(dir);
+  const auto original = read_file_bytes(path);
+  const std::uint64_t size = original.size();
+  // The end of central directory record (22 bytes, no comment) gives the
+  // directory's size and offset.
+  const std::uint64_t end_record = size - 22;
+  ASSERT_EQ(std::to_integer<int>(original[end_record]), 0x50);
+  const auto le32 = [&](std::uint64_t at) {
+    std::uint64_t value = 0;
+    for (int i = 3; i >= 0; --i) value = (value << 8) | std::to_integer<std::uint64_t>(original[at + i]);
+    return value;
+  };
+  const std::uint64_t directory_size = le32(end_record + 12), directory_offset = le32(end_record + 16);
+  ASSERT_LT(directory_offset, 0xFFFFFFFFu);
+  const std::uint64_t last_directory_byte = directory_offset + directory_size - 1;
+  ASSERT_GT(last_directory_byte, std::uint64_t{64} << 20);  // past the first progress report
+  for (const ScanKeeps keeps : {ScanKeeps::tree, ScanKeeps::verdict}) {
+    write_file_bytes(path, original);
+    LoadOptions options;
+    bool changed = false;
+    options.progress = [&](std::uint64_t done, std::uint64_t total) {
+      if (changed || done == total) return;
+      overwrite(path, last_directory_byte, std::byte{'X'});
+      changed = true;
+    };
+    EXPECT_ERROR_CODE(scan_checkpoint(path, options, keeps), ErrorCode::file_changed_during_read);
+    EXPECT_TRUE(changed);
+  }
+}
+
+TEST(ScanTensors, AVerdictKeepsNoTensorAndNoRecord) {
+  TempDir dir;
+  const auto path = write_streamed_checkpoint(dir);
+  const LoadedMapping tree = scan_checkpoint(path);
+  const LoadedMapping verdict = scan_checkpoint(path, {}, ScanKeeps::verdict);
+  EXPECT_FALSE(tree.records.empty());
+  EXPECT_TRUE(verdict.records.empty());
+  EXPECT_EQ(verdict.sha256, tree.sha256);
+  EXPECT_EQ(verdict.file_bytes, tree.file_bytes);
+  EXPECT_EQ(StructureText().of(verdict.root), StructureText().of(with_tensors_dropped(tree.root)));
+  std::size_t tensors = 0;
+  for (const auto& [key, value] : tree.root.as_dict()) tensors += value.is_tensor();
+  EXPECT_GT(tensors, 0u);
+  for (const auto& [key, value] : verdict.root.as_dict()) EXPECT_FALSE(value.is_tensor()) << key.to_string();
 }
 
 TEST(ScanDetectsChange, StoragePayloadRewrittenAheadOfThePassIsDamage) {

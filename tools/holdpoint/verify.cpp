@@ -170,8 +170,9 @@ int run_verify(const VerifyArguments& args) {
     options.progress = terminal_progress("reading " + args.file);
     if (!args.sha256.empty()) options.expected_sha256 = Sha256Digest::parse(args.sha256);
     if (args.sidecar) options.expected_sha256 = read_sha256_sidecar(args.file);
-    // Streams the file: memory stays bounded whatever its size.
-    const LoadedMapping mapping = scan_checkpoint(args.file, options);
+    // Streams the file: memory stays bounded whatever its size, and tensors
+    // are dropped as soon as they are checked.
+    const LoadedMapping mapping = scan_checkpoint(args.file, options, ScanKeeps::verdict);
     if (is_sharded_manifest(mapping)) {
       // A step manifest is small, and reading its manifest may need tensor
       // bytes (floats of a torch 1.13-compatible file are 0-d tensors): read

@@ -39,9 +39,16 @@
 // already fail is refused without reading the rest. options.progress is
 // called on the calling thread as the file streams.
 //
+// ScanKeeps::verdict runs every check above but keeps less: each tensor is
+// dropped as soon as it is checked (None takes its place in the tree) and the
+// record list stays empty, so that the memory a file of many small tensors
+// needs is mostly its data.pkl and central directory (holdpoint verify). A
+// file is refused, with the same code, exactly when ScanKeeps::tree refuses it.
+//
 // Thread-safety: independent calls may run concurrently.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 
 #include "holdpoint/format/checkpoint_mapping.h"
@@ -49,6 +56,14 @@
 
 namespace holdpoint {
 
-LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {});
+// What scan_checkpoint returns besides the verdict, format, markers, size and
+// SHA-256.
+enum class ScanKeeps : std::uint8_t {
+  tree,     // the tree, tensors with sizes and no bytes, and the records (inspect)
+  verdict,  // the tree with every tensor None, and no records (verify)
+};
+
+LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {},
+                              ScanKeeps keeps = ScanKeeps::tree);
 
 }  // namespace holdpoint

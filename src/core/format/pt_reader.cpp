@@ -253,7 +253,8 @@ bool record_bytes_needed(const ZipEntry& entry, const Limits& limits) {
 
 // Everything after the zip structure: record values, the pickle, and the
 // storages it references.
-ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& source, const Limits& limits) {
+ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& source, const Limits& limits,
+                                 const InterpretOptions& options) {
   ParsedFile parsed;
   parsed.format = FileFormat::pytorch_zip;
   FormatMarkers& markers = parsed.markers;
@@ -307,7 +308,9 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
          limits.max_pickle_bytes, " (Limits::max_pickle_bytes)");
   }
   ZipStorageResolver resolver(archive, source, big_endian);
-  PickleResult result = read_pickle(source.record_bytes(*pickle), resolver, limits);
+  PickleOptions pickle_options;
+  pickle_options.drop_tensors = options.drop_tensors;
+  PickleResult result = read_pickle(source.record_bytes(*pickle), resolver, limits, pickle_options);
 
   // PyTorch writes exactly the storages its pickle references; anything else
   // is data smuggled past the pickle.
@@ -324,9 +327,11 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   markers.pickle_protocol = result.protocol;
   markers.uses_binfloat = result.uses_binfloat;
   markers.producer = describe_producer(markers);
-  parsed.records.reserve(archive.entries.size());
-  for (const ZipEntry& entry : archive.entries) {
-    parsed.records.push_back({std::string(entry.record()), entry.data_offset, entry.size, entry.crc32});
+  if (options.list_records) {
+    parsed.records.reserve(archive.entries.size());
+    for (const ZipEntry& entry : archive.entries) {
+      parsed.records.push_back({std::string(entry.record()), entry.data_offset, entry.size, entry.crc32});
+    }
   }
   return parsed;
 }

@@ -94,8 +94,15 @@ class ZipRecordSource {
                                                  bool big_endian) = 0;
 };
 
+// What interpret_zip_records keeps beyond the verdict.
+struct InterpretOptions {
+  bool drop_tensors = false;  // PickleOptions::drop_tensors
+  bool list_records = true;   // fill ParsedFile::records
+};
+
 // The record policy of docs/format.md §4 after the zip checks and CRCs: record
 // values, the pickle, the storages it references (none left unreferenced).
-ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& source, const Limits& limits);
+ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& source, const Limits& limits,
+                                 const InterpretOptions& options = {});
 
 }  // namespace holdpoint::format

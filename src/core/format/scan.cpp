@@ -8,9 +8,11 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "base/fail.h"
+#include "holdpoint/base/sha256.h"
 #include "base/file_descriptor.h"
 #include "base/file_stream.h"
 #include "format/pt_reader.h"
@@ -40,37 +42,66 @@ void read_exactly(int fd, std::byte* out, std::size_t size, std::uint64_t offset
 
 // Bytes read before the streaming pass. The pass compares each region with
 // the bytes it hashes, so that what was parsed from them is what was hashed.
+// Once parsed, the regions are sealed: each keeps only its SHA-256, and the
+// pass hashes its bytes of the region to compare (a central directory of a
+// million entries is tens of MiB, and nothing needs it after the parse).
 class PreReadBytes {
  public:
   PreReadBytes(int fd, std::uint64_t file_size) : fd_(fd), file_size_(file_size) {}
 
-  // [offset, offset + length), inside the file; valid while this object lives.
+  // [offset, offset + length), inside the file; valid until seal().
   std::span<const std::byte> read(std::uint64_t offset, std::size_t length) {
-    Region& region = regions_.emplace_back(Region{offset, std::vector<std::byte>(length)});
+    Region& region = regions_.emplace_back();
+    region.offset = offset;
+    region.length = length;
+    region.bytes.resize(length);
     read_exactly(fd_, region.bytes.data(), length, offset, file_size_);
     return region.bytes;
   }
 
-  // The pass's bytes at `offset`.
-  void compare(std::uint64_t offset, std::span<const std::byte> bytes) const {
+  // Replaces each region's bytes by their SHA-256; spans read() returned die.
+  void seal() {
+    for (Region& region : regions_) {
+      region.sealed = Sha256::of(region.bytes);
+      std::vector<std::byte>().swap(region.bytes);
+    }
+  }
+
+  // The pass's bytes at `offset`, in file order.
+  void compare(std::uint64_t offset, std::span<const std::byte> bytes) {
     const std::uint64_t end = offset + bytes.size();
-    for (const Region& region : regions_) {
+    for (Region& region : regions_) {
       const std::uint64_t from = std::max(offset, region.offset);
-      const std::uint64_t to = std::min<std::uint64_t>(end, region.offset + region.bytes.size());
+      const std::uint64_t to = std::min<std::uint64_t>(end, region.offset + region.length);
       if (from >= to) continue;
       const auto size = static_cast<std::size_t>(to - from);
-      if (std::memcmp(bytes.data() + (from - offset), region.bytes.data() + (from - region.offset), size) != 0) {
-        fail(ErrorCode::file_changed_during_read, "bytes [", from, ", ", to,
-             ") differ between the read that parsed them and the pass that hashed them");
+      const std::byte* passed = bytes.data() + (from - offset);
+      if (!region.sealed) {
+        if (std::memcmp(passed, region.bytes.data() + (from - region.offset), size) != 0) changed(from, to);
+        continue;
+      }
+      region.hasher.update(passed, size);
+      region.hashed += size;
+      if (region.hashed == region.length && !(region.hasher.finish() == *region.sealed)) {
+        changed(region.offset, region.offset + region.length);
       }
     }
   }
 
  private:
   struct Region {
-    std::uint64_t offset;
-    std::vector<std::byte> bytes;
+    std::uint64_t offset = 0;
+    std::size_t length = 0;
+    std::vector<std::byte> bytes;          // until seal()
+    std::optional<Sha256Digest> sealed;    // after it
+    Sha256 hasher;                         // of the pass's bytes of the region
+    std::size_t hashed = 0;
   };
+
+  [[noreturn]] static void changed(std::uint64_t from, std::uint64_t to) {
+    fail(ErrorCode::file_changed_during_read, "bytes [", from, ", ", to,
+         ") differ between the read that parsed them and the pass that hashed them");
+  }
 
   int fd_;
   std::uint64_t file_size_;
@@ -110,18 +141,54 @@ class PreadZipSource final : public format::ZipByteSource {
   std::vector<std::byte> scratch_;
 };
 
-// Records come from the pass; tensors get storages without bytes.
+// Records come from the pass; tensors get storages without bytes. For a
+// verdict, which returns no tensor, storages of one size share one object.
 class ScanRecordSource final : public format::ZipRecordSource {
  public:
-  explicit ScanRecordSource(const format::ZipStreamChecker& checker) : checker_(checker) {}
+  ScanRecordSource(const format::ZipStreamChecker& checker, ScanKeeps keeps) : checker_(checker), keeps_(keeps) {}
   std::span<const std::byte> record_bytes(const format::ZipEntry& entry) override { return checker_.kept(entry); }
   std::shared_ptr<const Storage> storage(const format::ZipEntry& entry, const format::StorageRequest&, bool) override {
-    return Storage::absent(static_cast<std::size_t>(entry.size));
+    const auto size = static_cast<std::size_t>(entry.size);
+    if (keeps_ == ScanKeeps::tree) return Storage::absent(size);
+    std::shared_ptr<const Storage>& shared = by_size_[size];
+    if (!shared) shared = Storage::absent(size);
+    return shared;
   }
 
  private:
   const format::ZipStreamChecker& checker_;
+  ScanKeeps keeps_;
+  std::unordered_map<std::size_t, std::shared_ptr<const Storage>> by_size_;
 };
+
+// The tree a verdict returns: None for every tensor a container holds, as
+// PickleOptions::drop_tensors reads it (for the safetensors and legacy paths,
+// which build the tree first).
+Value without_tensors(const Value& value, bool root = true) {
+  if (value.is_tensor()) return root ? value : Value::none();
+  if (value.is_sequence()) {
+    Value::List items;
+    items.reserve(value.as_list().size());
+    for (const Value& item : value.as_list()) items.push_back(without_tensors(item, false));
+    return value.is_tuple() ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+  }
+  if (value.is_dict()) {
+    Dict entries;
+    for (const auto& [key, item] : value.as_dict()) entries.insert(key, without_tensors(item, false));
+    if (const auto& metadata = value.as_dict().metadata()) entries.set_metadata(*metadata);
+    return value.kind() == ValueKind::ordered_dict ? Value::ordered_dict(std::move(entries))
+                                                   : Value::dict(std::move(entries));
+  }
+  return value;
+}
+
+// What a verdict keeps of a legacy stream, read whole.
+LoadedMapping verdict_of(LoadedMapping mapping) {
+  mapping.root = without_tensors(mapping.root);
+  mapping.records.clear();
+  mapping.snapshot.reset();
+  return mapping;
+}
 
 // detect_format could not decide from the head: the header length fits the
 // file and the header starts with more whitespace than the head holds. The
@@ -146,7 +213,7 @@ FileFormat detect_past_head(int fd, std::uint64_t file_size, std::span<const std
 }
 
 LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesystem::path& path,
-                             const LoadOptions& options) {
+                             const LoadOptions& options, ScanKeeps keeps) {
   const Limits& limits = options.limits;
   PreReadBytes pre_read(fd, file_size);
   std::optional<format::ZipArchive> archive;
@@ -181,7 +248,11 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
     if (is_read_error(error.code()) || !options.expected_sha256) throw;
     malformed = error;
   }
-  if (legacy) return load_checkpoint_mapping(path, options);
+  if (legacy) {
+    LoadedMapping mapping = load_checkpoint_mapping(path, options);
+    return keeps == ScanKeeps::verdict ? verdict_of(std::move(mapping)) : mapping;
+  }
+  pre_read.seal();
 
   std::optional<format::ZipStreamChecker> checker;
   if (archive) {
@@ -212,10 +283,17 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
     }
     format::check_record_names(*archive);
     checker->check_crcs(limits);
-    ScanRecordSource source(*checker);
-    parsed = format::interpret_zip_records(*archive, source, limits);
+    ScanRecordSource source(*checker, keeps);
+    format::InterpretOptions interpret;
+    interpret.drop_tensors = keeps == ScanKeeps::verdict;
+    interpret.list_records = keeps == ScanKeeps::tree;
+    parsed = format::interpret_zip_records(*archive, source, limits, interpret);
   } else {
     parsed = format::parsed_safetensors(std::move(*safetensors));
+    if (keeps == ScanKeeps::verdict) {  // the header was small next to the file: drop what it built
+      parsed.root = without_tensors(parsed.root);
+      parsed.records.clear();
+    }
   }
   LoadedMapping mapping;
   mapping.root = std::move(parsed.root);
@@ -230,7 +308,7 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
 
 }  // namespace
 
-LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {
+LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options, ScanKeeps keeps) {
   io::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno)))
@@ -245,7 +323,7 @@ LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptio
       fail(ErrorCode::file_too_large, "file is ", size, " bytes, above the limit of ", options.limits.max_file_bytes,
            " (Limits::max_file_bytes)");
     }
-    return scan_open_file(fd.get(), size, path, options);
+    return scan_open_file(fd.get(), size, path, options, keeps);
   } catch (const Error& error) {
     throw error.with_path(path.string());
   }

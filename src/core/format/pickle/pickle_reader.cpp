@@ -403,6 +403,12 @@ class Machine {
   std::size_t tuple_size(const Item& tuple) const { return tuples_[tuple.index].count; }
   const StorageRef& storage(const Item& item) const { return storage_refs_[item.index]; }
   Value take_value(const Item& item, std::string_view role);
+  // take_value for what a container takes in (PickleOptions::drop_tensors).
+  Value take_element(const Item& item, std::string_view role) {
+    Value value = take_value(item, role);
+    if (options_.drop_tensors && value.is_tensor()) return Value::none();
+    return value;
+  }
   Value& make_mutable(Item& container);
   bool is_empty_dict(const Item& item) const;
 
@@ -702,7 +708,7 @@ Value Machine::take_value(const Item& item, std::string_view role) {
         Value::List elements;
         elements.reserve(tuple.count);
         for (std::size_t i = 0; i < tuple.count; ++i) {
-          elements.push_back(take_value(tuple_elements_[tuple.first + i], "a tuple element"));
+          elements.push_back(take_element(tuple_elements_[tuple.first + i], "a tuple element"));
         }
         values_.push_back(Value::tuple(std::move(elements)));
         tuples_[item.index].owned = values_.size() - 1;
@@ -879,7 +885,7 @@ void Machine::do_append(bool from_mark) {
   auto& items = make_mutable(target).mutable_list();
   for (std::size_t i = first; i < stack_.size(); ++i) {
     add_child(target, stack_[i]);
-    items.push_back(take_value(stack_[i], "a list element"));
+    items.push_back(take_element(stack_[i], "a list element"));
   }
   stack_.resize(first);
 }
@@ -895,7 +901,7 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
   count_elements(1);
   add_child(target, key);
   add_child(target, value);
-  Value entry = take_value(value, "a dict value");
+  Value entry = take_element(value, "a dict value");
   const auto dict_key = [&] {
     return key.kind == ItemKind::text ? DictKey(std::string(text(key))) : DictKey(key.integer);
   };

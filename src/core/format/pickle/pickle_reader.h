@@ -64,6 +64,13 @@ struct PickleOptions {
   // would reach a limit, goes through the ordinary VM, so the result and any
   // error are the same either way; false is for tests that compare.
   bool tensor_fast_path = true;
+  // Check every tensor in full, but put None in its place wherever a list,
+  // tuple or dict takes it in (the root, if it is itself a tensor, stays
+  // one): for a caller that wants the verdict, not the values, and would
+  // otherwise hold a tensor description per tensor until the end. Which
+  // inputs are refused, and with which code, is the same either way; a
+  // message may then name a dropped tensor's kind as none.
+  bool drop_tensors = false;
 };
 
 struct PickleResult {
