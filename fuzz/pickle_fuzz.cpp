@@ -21,6 +21,7 @@
 #include "format/pickle/pickle_reader.h"
 #include "format/pickle/pickle_writer.h"
 #include "holdpoint/base/error.h"
+#include "support/dropped_tensors.h"
 
 namespace {
 
@@ -138,25 +139,6 @@ Verdict read_verdict(std::span<const std::byte> bytes, const Limits& limits, con
   return verdict;
 }
 
-// `value` as PickleOptions::drop_tensors reads it: None for every tensor a
-// container holds (a tensor at the root stays one).
-Value with_tensors_dropped(const Value& value, bool root = true) {
-  if (value.is_tensor()) return root ? value : Value::none();
-  if (value.is_sequence()) {
-    Value::List items;
-    for (const Value& item : value.as_list()) items.push_back(with_tensors_dropped(item, false));
-    return value.kind() == ValueKind::tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
-  }
-  if (value.is_dict()) {
-    Dict entries;
-    for (const auto& [key, item] : value.as_dict()) entries.insert(key, with_tensors_dropped(item, false));
-    if (value.as_dict().metadata()) entries.set_metadata(*value.as_dict().metadata());
-    return value.kind() == ValueKind::ordered_dict ? Value::ordered_dict(std::move(entries))
-                                                   : Value::dict(std::move(entries));
-  }
-  return value;
-}
-
 // Keeping only the fetched memo entries, and decoding tensors in one step,
 // change how the VM works, never what it reads: each must give the value, or
 // the error, of the plain opcode-by-opcode VM that keeps every entry. The fast
@@ -183,7 +165,7 @@ void check_same_as_the_plain_vm(std::span<const std::byte> bytes, const Limits& 
   drop.drop_tensors = true;
   const Verdict dropped = read_verdict(bytes, limits, drop);
   if (dropped.value.has_value() != reference.value.has_value()) std::abort();
-  if (dropped.value ? !equal_content(*dropped.value, with_tensors_dropped(*reference.value))
+  if (dropped.value ? !holdpoint::testing::reads_as_dropped(*dropped.value, *reference.value)
                     : dropped.code != reference.code) {
     std::abort();
   }

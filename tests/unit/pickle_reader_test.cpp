@@ -17,6 +17,7 @@
 
 #include "format/pickle/pickle_opcodes.h"
 #include "holdpoint/base/error.h"
+#include "support/dropped_tensors.h"
 #include "support/test_support.h"
 #include "unit/pickle_builder.h"
 
@@ -1010,67 +1011,59 @@ TEST(PickleReader, ManyFetchesOfFewEntriesReadTheSame) {
   EXPECT_ERROR_CODE(read(beyond, limits), ErrorCode::pickle_memo_missing);
 }
 
-// `value` as PickleOptions::drop_tensors reads it: None for every tensor a
-// container holds (a tensor at the root stays one).
-Value with_tensors_dropped(const Value& value, bool root = true) {
-  if (value.is_tensor()) return root ? value : Value::none();
-  if (value.is_sequence()) {
-    Value::List items;
-    for (const Value& item : value.as_list()) items.push_back(with_tensors_dropped(item, false));
-    return value.kind() == ValueKind::tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
-  }
-  if (value.is_dict()) {
-    Dict entries;
-    for (const auto& [key, item] : value.as_dict()) entries.insert(key, with_tensors_dropped(item, false));
-    if (value.as_dict().metadata()) entries.set_metadata(*value.as_dict().metadata());
-    return value.kind() == ValueKind::ordered_dict ? Value::ordered_dict(std::move(entries))
-                                                   : Value::dict(std::move(entries));
-  }
-  return value;
-}
-
 TEST(PickleReader, DroppingTensorsChecksThemAndKeepsEverythingElse) {
   PickleOptions drop;
   drop.drop_tensors = true;
   const PickleBuilder state = memo_heavy_state(300);
   const PickleResult full = read(state);
   const PickleResult dropped = read(state, Limits{}, drop);
-  EXPECT_EQ(render(dropped.root), render(with_tensors_dropped(full.root)));
+  EXPECT_TRUE(testing::reads_as_dropped(dropped.root, full.root));
   EXPECT_EQ(dropped.tensor_count, 300u);
   EXPECT_EQ(dropped.storage_count, full.storage_count);
+  // Dicts filled by SETITEMS take no entry for a tensor.
   const Dict& root = dropped.root.as_dict();
-  EXPECT_TRUE(root.at("tied").is_none());
-  EXPECT_TRUE(root.at("groups").as_list()[7].as_dict().at("w7").is_none());
-  EXPECT_EQ(root.at("groups").as_list()[7].as_dict().at("n7").as_list()[0].as_int(), 7);
+  EXPECT_EQ(root.find("tied"), nullptr);
+  EXPECT_EQ(root.at("late_str").as_string(), "shared");
+  const Dict& group = root.at("groups").as_list()[7].as_dict();
+  EXPECT_EQ(group.size(), 1u);
+  EXPECT_EQ(group.find("w7"), nullptr);
+  EXPECT_EQ(group.at("n7").as_list()[0].as_int(), 7);
 
-  // A parameter in a tuple, a list and an OrderedDict (with _metadata); a
-  // tensor at the root stays one.
+  // A parameter set by SETITEM, a list, a tuple, an OrderedDict built from
+  // pairs and one with _metadata; a tensor at the root stays one.
   PickleBuilder nested;
   nested.proto().global("collections", "OrderedDict").empty_tuple().reduce().binput(0);
   nested.str("p").global("torch._utils", "_rebuild_parameter").tensor("FloatStorage", "0", 6, 0, {2, 3}, {3, 1});
   nested.boolean(true).ordered_dict().tuple3().reduce().setitem();
   nested.str("l").empty_list().tensor("FloatStorage", "1", 4, 0, {4}, {1}).append().setitem();
   nested.str("t").tensor("FloatStorage", "1", 4, 1, {2}, {1}).integer(3).tuple2().setitem();
+  nested.str("pairs").global("collections", "OrderedDict").empty_list().str("w");
+  nested.tensor("FloatStorage", "1", 4, 2, {2}, {1}).tuple2().append().tuple1().reduce().setitem();
   nested.empty_dict().str("_metadata").global("collections", "OrderedDict").empty_tuple().reduce();
   nested.str("").empty_dict().str("version").integer(1).setitem().setitem().setitem().build().stop();
   const PickleResult nested_full = read(nested);
   const PickleResult nested_dropped = read(nested, Limits{}, drop);
-  EXPECT_EQ(render(nested_dropped.root), render(with_tensors_dropped(nested_full.root)));
-  EXPECT_TRUE(nested_dropped.root.as_dict().at("p").is_none());
-  EXPECT_TRUE(nested_dropped.root.as_dict().at("l").as_list()[0].is_none());
-  EXPECT_TRUE(nested_dropped.root.as_dict().at("t").as_list()[0].is_none());
-  EXPECT_EQ(nested_dropped.root.as_dict().at("t").as_list()[1].as_int(), 3);
-  ASSERT_NE(nested_dropped.root.as_dict().metadata(), nullptr);
-  EXPECT_EQ(nested_dropped.tensor_count, 3u);
+  EXPECT_TRUE(testing::reads_as_dropped(nested_dropped.root, nested_full.root));
+  const Dict& nested_root = nested_dropped.root.as_dict();
+  EXPECT_EQ(nested_root.find("p"), nullptr);
+  EXPECT_TRUE(nested_root.at("l").as_list()[0].is_none());
+  EXPECT_TRUE(nested_root.at("t").as_list()[0].is_none());
+  EXPECT_EQ(nested_root.at("t").as_list()[1].as_int(), 3);
+  EXPECT_TRUE(nested_root.at("pairs").as_dict().at("w").is_none());
+  ASSERT_NE(nested_root.metadata(), nullptr);
+  EXPECT_EQ(nested_dropped.tensor_count, 4u);
   PickleBuilder bare;
   bare.proto().tensor("FloatStorage", "0", 6, 0, {2, 3}, {3, 1}).stop();
   EXPECT_TRUE(read(bare, Limits{}, drop).root.is_tensor());
+  // The oracle tells a dropped read from a wrong one.
+  EXPECT_FALSE(testing::reads_as_dropped(full.root, full.root));
+  EXPECT_FALSE(testing::reads_as_dropped(nested_full.root, nested_dropped.root));
 }
 
 TEST(PickleReader, DroppingTensorsRefusesWhatReadingRefusesWithTheSameCode) {
   PickleOptions drop;
   drop.drop_tensors = true;
-  std::vector<std::pair<PickleBuilder, ErrorCode>> cases(6);
+  std::vector<std::pair<PickleBuilder, ErrorCode>> cases(8);
   // A view past its storage, in a dict.
   cases[0].first.proto().empty_dict().str("w").tensor("FloatStorage", "0", 6, 0, {2, 4}, {4, 1}).setitem().stop();
   cases[0].second = ErrorCode::tensor_out_of_bounds;
@@ -1094,10 +1087,44 @@ TEST(PickleReader, DroppingTensorsRefusesWhatReadingRefusesWithTheSameCode) {
   // requires_grad on an integer tensor.
   cases[5].first.proto().empty_list().tensor("LongStorage", "0", 6, 0, {6}, {1}, true).append().stop();
   cases[5].second = ErrorCode::tensor_requires_grad_invalid;
+  // A tensor as a backward hook: the hooks dict is not empty, though its
+  // entry was dropped.
+  cases[6].first.proto().global("torch._utils", "_rebuild_tensor_v2").mark();
+  cases[6].first.pid("FloatStorage", "0", 6).integer(0).int_tuple({6}).int_tuple({1}).boolean(false);
+  cases[6].first.global("collections", "OrderedDict").empty_tuple().reduce().integer(1);
+  cases[6].first.tensor("FloatStorage", "1", 1, 0, {}, {}).setitem().tuple().reduce().stop();
+  cases[6].second = ErrorCode::tensor_hooks_not_empty;
+  // A tensor beside _metadata in a BUILD state: not a dict whose only key is
+  // '_metadata'.
+  cases[7].first.proto().global("collections", "OrderedDict").empty_tuple().reduce().empty_dict().mark();
+  cases[7].first.str("_metadata").empty_dict().str("w").tensor("FloatStorage", "0", 1, 0, {}, {});
+  cases[7].first.setitems().build().stop();
+  cases[7].second = ErrorCode::pickle_build_forbidden;
   for (const auto& [pickle, code] : cases) {
     EXPECT_ERROR_CODE(read(pickle), code);
     EXPECT_ERROR_CODE(read(pickle, Limits{}, drop), code);
   }
+  // A key used twice, once for a dropped tensor and once for something kept,
+  // in either order, and as an int; the same key in two dicts is no duplicate.
+  PickleBuilder tensor_then_int;
+  tensor_then_int.proto().empty_dict().mark().str("w").tensor("FloatStorage", "0", 6, 0, {6}, {1});
+  tensor_then_int.str("w").integer(1).setitems().stop();
+  PickleBuilder int_then_tensor;
+  int_then_tensor.proto().empty_dict().mark().integer(4).integer(1).integer(4);
+  int_then_tensor.tensor("FloatStorage", "0", 6, 0, {6}, {1}).setitems().stop();
+  for (const PickleBuilder* pickle : {&tensor_then_int, &int_then_tensor}) {
+    EXPECT_ERROR_CODE(read(*pickle), ErrorCode::pickle_duplicate_key);
+    EXPECT_ERROR_CODE(read(*pickle, Limits{}, drop), ErrorCode::pickle_duplicate_key);
+  }
+  PickleBuilder two_dicts;
+  two_dicts.proto().empty_list().mark();
+  for (int i = 0; i < 2; ++i) {
+    two_dicts.empty_dict().str("w").tensor("FloatStorage", std::to_string(i), 6, 0, {6}, {1}).setitem();
+  }
+  two_dicts.appends().stop();
+  const PickleResult two = read(two_dicts, Limits{}, drop);
+  ASSERT_EQ(two.root.as_list().size(), 2u);
+  EXPECT_TRUE(two.root.as_list()[1].as_dict().empty());
 }
 
 TEST(PickleReader, MemoRejectionsHoldAfterCompactions) {

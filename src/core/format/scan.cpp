@@ -161,9 +161,9 @@ class ScanRecordSource final : public format::ZipRecordSource {
   std::unordered_map<std::size_t, std::shared_ptr<const Storage>> by_size_;
 };
 
-// The tree a verdict returns: None for every tensor a container holds, as
-// PickleOptions::drop_tensors reads it (for the safetensors and legacy paths,
-// which build the tree first).
+// The tree a verdict returns, as PickleOptions::drop_tensors reads it: no
+// dict entry for a tensor, None for one in a list or tuple (for the
+// safetensors and legacy paths, which build the tree first).
 Value without_tensors(const Value& value, bool root = true) {
   if (value.is_tensor()) return root ? value : Value::none();
   if (value.is_sequence()) {
@@ -174,7 +174,9 @@ Value without_tensors(const Value& value, bool root = true) {
   }
   if (value.is_dict()) {
     Dict entries;
-    for (const auto& [key, item] : value.as_dict()) entries.insert(key, without_tensors(item, false));
+    for (const auto& [key, item] : value.as_dict()) {
+      if (!item.is_tensor()) entries.insert(key, without_tensors(item, false));
+    }
     if (const auto& metadata = value.as_dict().metadata()) entries.set_metadata(*metadata);
     return value.kind() == ValueKind::ordered_dict ? Value::ordered_dict(std::move(entries))
                                                    : Value::dict(std::move(entries));

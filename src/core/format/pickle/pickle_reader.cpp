@@ -29,6 +29,7 @@
 #include "format/pickle/pickle_reader.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cstring>
@@ -36,12 +37,14 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <unordered_map>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "base/checked_arithmetic.h"
 #include "base/fail.h"
+#include "base/keyed_hash.h"
 #include "format/pickle/pickle_opcodes.h"
 
 namespace holdpoint::format {
@@ -338,6 +341,57 @@ std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* 
 // Thrown when a fetch names a memo entry the walk above did not foresee.
 struct MemoNotKept {};
 
+// 128-bit keyed fingerprints (two SipHash-2-4 under secret keys), in an
+// open-addressing table at most half full: 32 bytes per entry. Two different
+// inputs share a fingerprint with probability about 2^-128 per pair, and a
+// file cannot choose them without the keys.
+class FingerprintSet {
+ public:
+  using Fingerprint = std::array<std::uint64_t, 2>;
+
+  static Fingerprint of(std::string_view bytes) {
+    static const detail::SipKey second{detail::process_sip_key().k1 ^ 0x9e3779b97f4a7c15u,
+                                       detail::process_sip_key().k0 ^ 0xc2b2ae3d27d4eb4fu};
+    Fingerprint f{detail::keyed_hash(bytes), detail::siphash24(second, bytes.data(), bytes.size())};
+    if (f == Fingerprint{}) f[0] = 1;  // {0, 0} marks a free slot
+    return f;
+  }
+
+  bool contains(const Fingerprint& f) const {
+    if (slots_.empty()) return false;
+    for (std::size_t slot = f[0] & (slots_.size() - 1);; slot = (slot + 1) & (slots_.size() - 1)) {
+      if (slots_[slot] == f) return true;
+      if (slots_[slot] == Fingerprint{}) return false;
+    }
+  }
+
+  // False (and nothing added) when `f` is there already.
+  bool insert(const Fingerprint& f) {
+    if (contains(f)) return false;
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    place(f);
+    ++size_;
+    return true;
+  }
+
+ private:
+  void place(const Fingerprint& f) {
+    std::size_t slot = f[0] & (slots_.size() - 1);
+    while (slots_[slot] != Fingerprint{}) slot = (slot + 1) & (slots_.size() - 1);
+    slots_[slot] = f;
+  }
+  void grow() {
+    std::vector<Fingerprint> old(std::max<std::size_t>(64, 2 * slots_.size()));
+    old.swap(slots_);
+    for (const Fingerprint& f : old) {
+      if (f != Fingerprint{}) place(f);
+    }
+  }
+
+  std::vector<Fingerprint> slots_;
+  std::size_t size_ = 0;
+};
+
 class Machine {
  public:
   Machine(std::span<const std::byte> pickle, StorageResolver& storages, const Limits& limits,
@@ -435,6 +489,11 @@ class Machine {
   void do_append(bool from_mark);
   void do_setitem(bool from_mark);
   void set_item(Item& target, const Item& key, const Item& value);
+  FingerprintSet::Fingerprint dropped_key_fingerprint(const Dict& dict, const Item& key);
+  // Whether `dict` holds a tensor the read dropped (PickleOptions::drop_tensors):
+  // what checks a dict's values asks, so that a dropped tensor fails them as
+  // the tensor would.
+  bool holds_dropped_tensor(const Dict& dict) const { return dicts_with_dropped_keys_.contains(&dict); }
   void memo_put(std::uint64_t index);
   void memo_get(std::uint64_t index);
   // The kept memo slot of `index` (keep_fetched_only_), or nullptr when the
@@ -519,6 +578,14 @@ class Machine {
   std::vector<std::size_t> storages_by_number_;
   std::vector<std::size_t> storage_slots_;
   std::size_t hashed_storages_ = 0;
+
+  // PickleOptions::drop_tensors: a dict takes no entry for a dropped tensor;
+  // the fingerprint of (dict, key) stands in for it, so that the key used
+  // again is still pickle_duplicate_key. The dicts stay referenced until the
+  // end, so that no later dict reuses an address a fingerprint names.
+  FingerprintSet dropped_keys_;
+  std::unordered_map<const Dict*, Value> dicts_with_dropped_keys_;
+  std::string fingerprint_input_;
 
   std::uint64_t opcode_count_ = 0;
   std::uint64_t expanded_nodes_ = 0;
@@ -737,7 +804,7 @@ Value& Machine::make_mutable(Item& container) {
 bool Machine::is_empty_dict(const Item& item) const {
   if (item.kind == ItemKind::empty_container) return true;
   const Dict& dict = values_[item.index].as_dict();
-  return dict.empty() && !dict.metadata();
+  return dict.empty() && !dict.metadata() && !holds_dropped_tensor(dict);
 }
 
 // ---- stack ----------------------------------------------------------------------------
@@ -901,13 +968,41 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
   count_elements(1);
   add_child(target, key);
   add_child(target, value);
-  Value entry = take_element(value, "a dict value");
   const auto dict_key = [&] {
     return key.kind == ItemKind::text ? DictKey(std::string(text(key))) : DictKey(key.integer);
   };
-  if (!make_mutable(target).mutable_dict().insert(dict_key(), std::move(entry))) {
+  const auto duplicate = [&] {
     error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key().to_string()), " occurs twice");
+  };
+  if (options_.drop_tensors && value_kind(value) == ValueKind::tensor) {
+    Value& container = make_mutable(target);
+    const Dict& dict = container.as_dict();
+    const bool present =
+        (key.kind == ItemKind::text ? dict.find(text(key)) : dict.find(key.integer)) != nullptr;
+    if (present || !dropped_keys_.insert(dropped_key_fingerprint(dict, key))) duplicate();
+    dicts_with_dropped_keys_.try_emplace(&dict, container);
+    return;
   }
+  Value entry = take_element(value, "a dict value");
+  Dict& dict = make_mutable(target).mutable_dict();
+  if (options_.drop_tensors && dropped_keys_.contains(dropped_key_fingerprint(dict, key))) duplicate();
+  if (!dict.insert(dict_key(), std::move(entry))) duplicate();
+}
+
+// (dict address, key kind, key bytes): the dict is kept alive, so its address
+// names it for the whole parse.
+FingerprintSet::Fingerprint Machine::dropped_key_fingerprint(const Dict& dict, const Item& key) {
+  std::string& input = fingerprint_input_;
+  const auto address = reinterpret_cast<std::uintptr_t>(&dict);
+  input.assign(reinterpret_cast<const char*>(&address), sizeof address);
+  if (key.kind == ItemKind::text) {
+    input += 's';
+    input += text(key);
+  } else {
+    input += 'i';
+    input.append(reinterpret_cast<const char*>(&key.integer), sizeof key.integer);
+  }
+  return FingerprintSet::of(input);
 }
 
 void Machine::do_setitem(bool from_mark) {
@@ -1267,6 +1362,9 @@ Item Machine::reduce_counter(const Item& args) {
     error(ErrorCode::pickle_call_args_invalid, "collections.Counter takes () or one dict of counts");
   }
   const Value counts = take_value(element(args, 0), "the Counter's counts");
+  if (holds_dropped_tensor(counts.as_dict())) {
+    error(ErrorCode::pickle_call_args_invalid, "a Counter count is a tensor, not an int");
+  }
   for (const auto& [key, count] : counts.as_dict()) {
     if (!count.is_int()) {
       error(ErrorCode::pickle_call_args_invalid, "the Counter count of key ", printable(key.to_string()), " is a ",
@@ -1493,13 +1591,21 @@ constexpr std::string_view kMetadataKey = "_metadata";
 
 // state = {'_metadata': {prefix: {name: int}}}, what nn.Module.state_dict() sets.
 void Machine::validate_metadata(const Value& state) const {
-  const Value* metadata = state.is_dict() && state.as_dict().size() == 1 ? state.as_dict().find(kMetadataKey) : nullptr;
+  const Value* metadata = state.is_dict() && state.as_dict().size() == 1 && !holds_dropped_tensor(state.as_dict())
+                              ? state.as_dict().find(kMetadataKey)
+                              : nullptr;
   if (!metadata) error(ErrorCode::pickle_build_forbidden, "the state is not a dict whose only key is '_metadata'");
   if (!metadata->is_dict()) error(ErrorCode::pickle_build_forbidden, "_metadata is not a dict");
+  if (holds_dropped_tensor(metadata->as_dict())) {
+    error(ErrorCode::pickle_build_forbidden, "_metadata maps a prefix to a tensor, not a dict of str to int");
+  }
   for (const auto& [prefix, entry] : metadata->as_dict()) {
     if (!prefix.is_string() || !entry.is_dict()) {
       error(ErrorCode::pickle_build_forbidden, "_metadata maps ", prefix.to_string(), " to a ",
             value_kind_name(entry.kind()), ", not a dict of str to int");
+    }
+    if (holds_dropped_tensor(entry.as_dict())) {
+      error(ErrorCode::pickle_build_forbidden, "_metadata[", prefix.to_string(), "] maps a name to a tensor, not an int");
     }
     for (const auto& [name, number] : entry.as_dict()) {
       if (!name.is_string() || !number.is_int()) {

@@ -64,10 +64,13 @@ struct PickleOptions {
   // would reach a limit, goes through the ordinary VM, so the result and any
   // error are the same either way; false is for tests that compare.
   bool tensor_fast_path = true;
-  // Check every tensor in full, but put None in its place wherever a list,
-  // tuple or dict takes it in (the root, if it is itself a tensor, stays
-  // one): for a caller that wants the verdict, not the values, and would
-  // otherwise hold a tensor description per tensor until the end. Which
+  // Check every tensor in full, then let it go: a dict (SETITEM, SETITEMS)
+  // takes no entry for it, and a list or tuple takes None in its place (so
+  // does an OrderedDict built from a list of pairs); the root, if it is
+  // itself a tensor, stays one. For a caller that wants the verdict, not the
+  // values, and would otherwise hold a tensor description and a dict entry
+  // per tensor until the end. The keys of the entries not taken are kept as
+  // 128-bit keyed fingerprints, so a key used twice is still refused. Which
   // inputs are refused, and with which code, is the same either way; a
   // message may then name a dropped tensor's kind as none.
   bool drop_tensors = false;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/fail.h"
+#include "base/keyed_hash.h"
 #include "holdpoint/base/error.h"
 #include "holdpoint/base/snapshot.h"
 
@@ -171,15 +172,11 @@ namespace {
 // Below this many entries a linear scan beats hashing.
 constexpr std::size_t kIndexThreshold = 16;
 
-std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  return x;
+// Keyed (base/keyed_hash.h): a file cannot pick keys that share a slot.
+std::uint64_t key_hash(std::string_view key) { return detail::keyed_hash(key); }
+std::uint64_t key_hash(std::int64_t key) {
+  return detail::siphash24(detail::process_sip_key(), &key, sizeof key);
 }
-
-std::uint64_t key_hash(std::string_view key) { return std::hash<std::string_view>{}(key); }
-std::uint64_t key_hash(std::int64_t key) { return mix(static_cast<std::uint64_t>(key)); }
 std::uint64_t key_hash(const DictKey& key) {
   return key.is_string() ? key_hash(std::string_view(key.as_string())) : key_hash(key.as_int());
 }

@@ -1,9 +1,9 @@
 #include "format/zip/zip_names.h"
 
 #include <cstdint>
-#include <random>
 
 #include "base/fail.h"
+#include "base/keyed_hash.h"
 #include "format/zip/zip_format.h"
 
 namespace holdpoint::format::zip {
@@ -13,14 +13,6 @@ using detail::concat;
 namespace {
 
 char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
-
-std::uint64_t process_hash_key() {
-  static const std::uint64_t key = [] {
-    std::random_device random;
-    return (std::uint64_t{random()} << 32) ^ random();
-  }();
-  return key;
-}
 
 }  // namespace
 
@@ -33,15 +25,7 @@ bool equal_folded(std::string_view a, std::string_view b) noexcept {
 }
 
 std::uint64_t folded_hash(std::string_view name) {
-  std::uint64_t hash = 0xcbf29ce484222325u ^ process_hash_key();
-  for (char c : name) {
-    hash ^= static_cast<unsigned char>(ascii_lower(c));
-    hash *= 0x100000001b3u;
-  }
-  hash ^= hash >> 32;
-  hash *= 0xff51afd7ed558ccdu;
-  hash ^= hash >> 29;
-  return hash;
+  return detail::siphash24(detail::process_sip_key(), name.data(), name.size(), true);
 }
 
 std::string name_character_problem(std::string_view name) {

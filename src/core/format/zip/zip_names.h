@@ -26,9 +26,9 @@ std::string entry_name_problem(std::string_view name);
 // so the reader rejects and the writer never produces two such names.
 bool equal_folded(std::string_view a, std::string_view b) noexcept;
 
-// A hash of the ASCII-lowercased name (names equal up to case hash equal),
-// keyed once per process so that names built in advance cannot make many
-// share a slot, with every byte reaching the low bits used as a slot.
+// A hash of the ASCII-lowercased name (names equal up to case hash equal):
+// SipHash-2-4 under the process key (base/keyed_hash.h), so that names built
+// in advance cannot make many share a slot.
 std::uint64_t folded_hash(std::string_view name);
 
 }  // namespace holdpoint::format::zip

@@ -1,0 +1,55 @@
+// SipHash-2-4 against the reference vectors (key 00..0f, messages 00 01 ...),
+// ASCII case folding, and the process key.
+#include "base/keyed_hash.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace holdpoint::detail {
+namespace {
+
+SipKey reference_key() {
+  SipKey key;
+  for (int i = 0; i < 8; ++i) {
+    key.k0 |= std::uint64_t(i) << (8 * i);
+    key.k1 |= std::uint64_t(8 + i) << (8 * i);
+  }
+  return key;
+}
+
+TEST(SipHash, MatchesTheReferenceVectors) {
+  std::array<std::uint8_t, 64> message{};
+  for (std::size_t i = 0; i < message.size(); ++i) message[i] = static_cast<std::uint8_t>(i);
+  const SipKey key = reference_key();
+  // Message lengths 0, 7, 8, 15 and 63: empty, one partial block, one whole
+  // block, a whole and a partial one, many.
+  EXPECT_EQ(siphash24(key, message.data(), 0), 0x726fdb47dd0e0e31u);
+  EXPECT_EQ(siphash24(key, message.data(), 7), 0xab0200f58b01d137u);
+  EXPECT_EQ(siphash24(key, message.data(), 8), 0x93f5f5799a932462u);
+  EXPECT_EQ(siphash24(key, message.data(), 15), 0xa129ca6149be45e5u);
+  EXPECT_EQ(siphash24(key, message.data(), 63), 0x958a324ceb064572u);
+}
+
+TEST(SipHash, FoldingMakesNamesEqualUpToAsciiCaseHashEqual) {
+  const SipKey key = reference_key();
+  const std::string upper = "Archive/Data/Model.Weight_Z", lower = "archive/data/model.weight_z";
+  EXPECT_EQ(siphash24(key, upper.data(), upper.size(), true), siphash24(key, lower.data(), lower.size(), true));
+  EXPECT_EQ(siphash24(key, lower.data(), lower.size(), true), siphash24(key, lower.data(), lower.size()));
+  EXPECT_NE(siphash24(key, upper.data(), upper.size()), siphash24(key, lower.data(), lower.size()));
+  const std::string other = "archive/data/model.weight_y";  // folding changes only 'A'..'Z'
+  EXPECT_NE(siphash24(key, other.data(), other.size(), true), siphash24(key, lower.data(), lower.size(), true));
+}
+
+TEST(SipHash, TheProcessKeyIsDrawnOnceAndIsNotZero) {
+  const SipKey& key = process_sip_key();
+  EXPECT_EQ(&key, &process_sip_key());
+  EXPECT_TRUE(key.k0 != 0 || key.k1 != 0);
+  EXPECT_EQ(keyed_hash("layer0.weight"), siphash24(key, "layer0.weight", 13));
+  EXPECT_NE(keyed_hash("layer0.weight"), siphash24(reference_key(), "layer0.weight", 13));
+}
+
+}  // namespace
+}  // namespace holdpoint::detail
