@@ -43,6 +43,20 @@ TEST(SipHash, FoldingMakesNamesEqualUpToAsciiCaseHashEqual) {
   EXPECT_NE(siphash24(key, other.data(), other.size(), true), siphash24(key, lower.data(), lower.size(), true));
 }
 
+TEST(SipHash, FoldingLowersExactlyAsciiUppercaseForEveryByteValue) {
+  const SipKey key = reference_key();
+  for (int value = 0; value < 256; ++value) {
+    for (std::size_t at : {0u, 3u, 7u, 8u, 12u}) {  // in a whole block and in the tail
+      std::string text(13, 'q');
+      text[at] = static_cast<char>(value);
+      std::string lowered = text;
+      if (value >= 'A' && value <= 'Z') lowered[at] = static_cast<char>(value + ('a' - 'A'));
+      ASSERT_EQ(siphash24(key, text.data(), text.size(), true), siphash24(key, lowered.data(), lowered.size()))
+          << "byte " << value << " at " << at;
+    }
+  }
+}
+
 TEST(SipHash, TheProcessKeyIsDrawnOnceAndIsNotZero) {
   const SipKey& key = process_sip_key();
   EXPECT_EQ(&key, &process_sip_key());

@@ -40,10 +40,12 @@
 // called on the calling thread as the file streams.
 //
 // ScanKeeps::verdict runs every check above but keeps less: each tensor is
-// dropped as soon as it is checked (None takes its place in the tree) and the
-// record list stays empty, so that the memory a file of many small tensors
-// needs is mostly its data.pkl and central directory (holdpoint verify). A
-// file is refused, with the same code, exactly when ScanKeeps::tree refuses it.
+// dropped as soon as it is checked (a dict keeps no entry for it, a list or
+// tuple None; format/pickle/pickle_reader.h, PickleOptions::drop_tensors) and
+// the record list stays empty, so that the memory a file of many small
+// tensors needs is mostly its data.pkl and central directory (holdpoint
+// verify). A file is refused, with the same code, exactly when
+// ScanKeeps::tree refuses it.
 //
 // Thread-safety: independent calls may run concurrently.
 #pragma once
@@ -60,7 +62,7 @@ namespace holdpoint {
 // SHA-256.
 enum class ScanKeeps : std::uint8_t {
   tree,     // the tree, tensors with sizes and no bytes, and the records (inspect)
-  verdict,  // the tree with every tensor None, and no records (verify)
+  verdict,  // the tree without its tensors, and no records (verify)
 };
 
 LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {},

@@ -1,5 +1,7 @@
 #include "base/keyed_hash.h"
 
+#include <bit>
+#include <cstring>
 #include <random>
 
 namespace holdpoint::detail {
@@ -36,13 +38,30 @@ struct SipState {
   }
 };
 
-std::uint8_t folded(std::uint8_t c) { return c >= 'A' && c <= 'Z' ? static_cast<std::uint8_t>(c + ('a' - 'A')) : c; }
+constexpr std::uint64_t kEachByte = 0x0101010101010101u;
+
+// 'A'..'Z' lowered in each byte of `word` at once: a byte below 0x80 gets its
+// top bit set by adding 0x80 - 'A' when it is >= 'A', and by adding
+// 0x80 - 'Z' - 1 when it is > 'Z' (no carry crosses bytes: 0x7F + 0x3F < 0x100).
+std::uint64_t folded(std::uint64_t word) {
+  constexpr std::uint64_t kHigh = 0x80 * kEachByte;
+  const std::uint64_t low7 = word & ~kHigh;
+  const std::uint64_t at_least_a = low7 + (0x80 - 'A') * kEachByte;
+  const std::uint64_t above_z = low7 + (0x80 - 'Z' - 1) * kEachByte;
+  const std::uint64_t upper = at_least_a & ~above_z & ~word & kHigh;
+  return word | (upper >> 2);  // 0x80 >> 2 = 0x20, 'a' - 'A'
+}
 
 // `count` (<= 8) little-endian bytes from `p`.
 std::uint64_t load(const std::uint8_t* p, std::size_t count, bool fold) {
   std::uint64_t m = 0;
-  for (std::size_t i = 0; i < count; ++i) m |= std::uint64_t{fold ? folded(p[i]) : p[i]} << (8 * i);
-  return m;
+  if (count == 8) {
+    std::memcpy(&m, p, 8);
+    if constexpr (std::endian::native == std::endian::big) m = __builtin_bswap64(m);
+  } else {
+    for (std::size_t i = 0; i < count; ++i) m |= std::uint64_t{p[i]} << (8 * i);
+  }
+  return fold ? folded(m) : m;
 }
 
 }  // namespace

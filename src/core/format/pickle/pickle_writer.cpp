@@ -114,12 +114,37 @@ class Emitter {
     put_text(text);
   }
 
+  // Globals, and the persistent id's "storage" and location, are written once
+  // and fetched from the memo after that, as torch.save does: a state dict
+  // then takes about 60 bytes of pickle per tensor instead of 150, which every
+  // reader parses and holds.
+  template <typename Write>
+  void emit_constant(std::string key, Write write) {
+    if (const auto found = constant_memo_.find(key); found != constant_memo_.end()) {
+      emit_memo_get(found->second);
+      return;
+    }
+    write();
+    const std::uint32_t index = memo_count_++;
+    constant_memo_.emplace(std::move(key), index);
+    emit_memo_put(index);
+  }
+
   void emit_global(std::string_view module, std::string_view name) {
-    put(op::GLOBAL);
-    put_text(module);
-    put('\n');
-    put_text(name);
-    put('\n');
+    std::string key;
+    key.reserve(module.size() + name.size() + 2);
+    key.append("g").append(module).append("\n").append(name);
+    emit_constant(std::move(key), [&] {
+      put(op::GLOBAL);
+      put_text(module);
+      put('\n');
+      put_text(name);
+      put('\n');
+    });
+  }
+
+  void emit_constant_str(std::string_view text) {
+    emit_constant("s" + std::string(text), [&] { emit_str(text); });
   }
 
   void emit_empty_ordered_dict() {
@@ -355,7 +380,7 @@ class Emitter {
       storages_.push_back(PickledStorage{key, tensor.storage, storage.nbytes(), synthesizing_});
     }
     put(op::MARK);
-    emit_str("storage");
+    emit_constant_str("storage");
     // torch.UntypedStorage is the same class, but Python's weights_only loader
     // (2.13) allowlists it only under its defining module, as torch.save names it.
     if (storage_class) {
@@ -364,7 +389,7 @@ class Emitter {
       emit_global("torch.storage", "UntypedStorage");
     }
     emit_str(key);
-    emit_str("cpu");
+    emit_constant_str("cpu");
     emit_int(static_cast<std::int64_t>(storage.nbytes() / itemsize));
     put(op::TUPLE);
     put(op::BINPERSID);
@@ -432,7 +457,7 @@ class Emitter {
     }
     ++tensor_count_;
     if (memoizable && tensor_uses_[pointer.get()] > 1) {
-      const auto index = static_cast<std::uint32_t>(tensor_memo_.size());
+      const std::uint32_t index = memo_count_++;
       tensor_memo_.emplace(pointer.get(), index);
       emit_memo_put(index);
     }
@@ -464,6 +489,8 @@ class Emitter {
   std::vector<std::byte> out_;
   std::unordered_map<const TensorData*, std::uint32_t> tensor_uses_;
   std::unordered_map<const TensorData*, std::uint32_t> tensor_memo_;
+  std::unordered_map<std::string, std::uint32_t> constant_memo_;  // emit_constant
+  std::uint32_t memo_count_ = 0;
   std::unordered_map<const void*, StorageKey> storage_keys_;
   std::vector<PickledStorage> storages_;
   static constexpr std::uint64_t kSynthesizedKeyBase = 1'000'000'000'000;
