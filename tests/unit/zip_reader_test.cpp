@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -106,6 +107,30 @@ TEST(ZipReaderRoundTrip, RecordsComeBackInOrderWithTheirBytes) {
   EXPECT_EQ(archive.find("data/2"), nullptr);
   EXPECT_EQ(archive.find("DATA.PKL"), nullptr) << "find is exact, not case-folded";
   EXPECT_EQ(archive.find(""), nullptr);
+}
+
+TEST(ZipReaderRoundTrip, NamesLiveInOneArenaThatCopiesShare) {
+  const std::vector<Record> records = {{"data.pkl", "p"}, {"data/0", "0123"}, {"version", "3\n"}};
+  const auto bytes = write_archive(records, "a_rather_long_archive_folder_name");
+  std::optional<ZipArchive> copy;
+  {
+    const ZipArchive original = read_and_verify(bytes);
+    ASSERT_NE(original.names, nullptr);
+    std::size_t total = 0;
+    for (const ZipEntry& entry : original.entries) {
+      // Each name is a view into the arena, back to back in directory order.
+      EXPECT_EQ(entry.name.data(), original.names->data() + total);
+      total += entry.name.size();
+    }
+    EXPECT_EQ(original.names->size(), total);
+    copy = original;
+  }
+  // The original is gone; the copy's views still read the names.
+  ASSERT_EQ(copy->entries.size(), records.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(copy->entries[i].name, "a_rather_long_archive_folder_name/" + records[i].name);
+    EXPECT_EQ(copy->find(records[i].name), &copy->entries[i]);
+  }
 }
 
 TEST(ZipReaderRoundTrip, UnicodeRecordNames) {

@@ -21,8 +21,9 @@
 // or shrinking while it is read, is file_changed_during_read.
 //
 // Memory: besides the result, the ring (32 MiB) and the metadata the checks
-// need: the central directory (at most Limits::max_central_directory_bytes),
-// data.pkl (at most max_pickle_bytes), a safetensors header (at most
+// need: the central directory's entries (the directory itself, at most
+// Limits::max_central_directory_bytes, is kept only as its SHA-256 once
+// parsed), data.pkl (at most max_pickle_bytes), a safetensors header (at most
 // max_safetensors_header_bytes); never the tensor bytes. Exception: a legacy
 // stream (torch < 1.6, or _use_new_zipfile_serialization=False) is read by
 // load_checkpoint_mapping, whole, into private memory, and its tensors keep

@@ -290,7 +290,7 @@ CentralValues apply_zip64(const ExtraBlocks& extra, std::uint32_t uncompressed32
 // `entry` and returns the offset of the next one. Also settles the archive
 // folder from entry 0.
 std::uint64_t read_central_entry(const FileWindow& file, std::uint64_t pos, std::uint64_t directory_end,
-                                 std::size_t index, ZipArchive& archive, ZipEntry& entry,
+                                 std::size_t index, ZipArchive& archive, ZipEntry& entry, std::string& names,
                                  const EntryNameScreen& screen) {
   if (directory_end - pos < zip::kCentralHeaderSize) {
     fail(ErrorCode::zip_central_directory_invalid, "zip central directory ends inside entry ", index, " (offset ",
@@ -370,7 +370,13 @@ std::uint64_t read_central_entry(const FileWindow& file, std::uint64_t pos, std:
   }
   check_record_components(index, name, rest);
 
-  entry.name = std::string(name);
+  // The arena was reserved for the whole directory, which holds every name:
+  // appending never moves the names already viewed.
+  if (names.size() + name.size() > names.capacity()) {
+    fail(ErrorCode::zip_central_directory_invalid, entry_label(index, name), ": names longer than the directory");
+  }
+  names.append(name);
+  entry.name = std::string_view(names).substr(names.size() - name.size());
   entry.record_offset = static_cast<std::uint16_t>(name.size() - rest.size());  // names hold at most 65535 bytes
   entry.local_header_offset = values.local_header_offset;
   entry.size = values.uncompressed_size;
@@ -627,12 +633,15 @@ ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits,
   archive.central_directory_offset = bounds.offset;
   archive.central_directory_size = bounds.size;
   archive.entries.resize(bounds.entry_count);
+  auto names = std::make_shared<std::string>();
+  names->reserve(static_cast<std::size_t>(bounds.size));
+  archive.names = names;
   // The size was bounded by Limits::max_central_directory_bytes above, and the
   // directory ends where the end records start, inside the file.
   const FileWindow directory{file.read(bounds.offset, static_cast<std::size_t>(bounds.size)), bounds.offset};
   std::uint64_t pos = bounds.offset;
   for (std::size_t i = 0; i < archive.entries.size(); ++i) {
-    pos = read_central_entry(directory, pos, bounds.end, i, archive, archive.entries[i], screen);
+    pos = read_central_entry(directory, pos, bounds.end, i, archive, archive.entries[i], *names, screen);
   }
   if (pos != bounds.end) {
     fail(ErrorCode::zip_central_directory_invalid, "zip central directory has ", bounds.end - pos,

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -38,7 +39,11 @@
 namespace holdpoint::format {
 
 struct ZipEntry {
-  std::string name;  // full name as stored: "archive/data/0"
+  // The full name as stored ("archive/data/0"): a view into the name arena of
+  // the ZipArchive it came from (ZipArchive::names), valid while that archive
+  // or a copy of it lives. An archive may hold a million entries: one arena,
+  // not a heap string each.
+  std::string_view name;
   std::uint64_t local_header_offset = 0;
   std::uint64_t data_offset = 0;
   std::uint64_t size = 0;
@@ -48,14 +53,17 @@ struct ZipEntry {
   std::uint16_t flags = 0;
   std::uint16_t record_offset = 0;  // where the record name starts in `name`
 
-  // The name without "<archive>/": "data/0". A view into `name` (an archive
-  // may hold a million entries: one string each, not two).
+  // The name without "<archive>/": "data/0", a view into `name`.
   std::string_view record() const { return std::string_view(name).substr(record_offset); }
 };
 
 struct ZipArchive {
   std::string archive_name;       // the common top-level folder
   std::vector<ZipEntry> entries;  // in central directory order
+  // Every entry's name, back to back. read_zip_directory reserves it once (the
+  // names fit in the central directory), so the views never move; copies of
+  // the archive share it.
+  std::shared_ptr<const std::string> names;
   std::uint64_t central_directory_offset = 0;
   std::uint64_t central_directory_size = 0;
   // A hash table of positions in `entries` + 1 (0: a free slot) by
