@@ -65,24 +65,22 @@ class PreReadBytes {
       region.sealed = Sha256::of(region.bytes);
       std::vector<std::byte>().swap(region.bytes);
     }
+    sealed_ = true;
   }
 
-  // The pass's bytes at `offset`, in file order.
+  // The pass's bytes at `offset`, in file order. Regions are compared by
+  // digest only, so the first call seals them if the caller has not.
   void compare(std::uint64_t offset, std::span<const std::byte> bytes) {
+    if (!sealed_) seal();
     const std::uint64_t end = offset + bytes.size();
     for (Region& region : regions_) {
       const std::uint64_t from = std::max(offset, region.offset);
       const std::uint64_t to = std::min<std::uint64_t>(end, region.offset + region.length);
       if (from >= to) continue;
       const auto size = static_cast<std::size_t>(to - from);
-      const std::byte* passed = bytes.data() + (from - offset);
-      if (!region.sealed) {
-        if (std::memcmp(passed, region.bytes.data() + (from - region.offset), size) != 0) changed(from, to);
-        continue;
-      }
-      region.hasher.update(passed, size);
+      region.hasher.update(bytes.data() + (from - offset), size);
       region.hashed += size;
-      if (region.hashed == region.length && !(region.hasher.finish() == *region.sealed)) {
+      if (region.hashed == region.length && !(region.hasher.finish() == region.sealed)) {
         changed(region.offset, region.offset + region.length);
       }
     }
@@ -93,7 +91,7 @@ class PreReadBytes {
     std::uint64_t offset = 0;
     std::size_t length = 0;
     std::vector<std::byte> bytes;          // until seal()
-    std::optional<Sha256Digest> sealed;    // after it
+    Sha256Digest sealed;                   // after it
     Sha256 hasher;                         // of the pass's bytes of the region
     std::size_t hashed = 0;
   };
@@ -106,6 +104,7 @@ class PreReadBytes {
   int fd_;
   std::uint64_t file_size_;
   std::deque<Region> regions_;  // a deque: adding a region moves no other
+  bool sealed_ = false;
 };
 
 // The zip reader's view of the file before the pass: every read is kept for

@@ -985,7 +985,11 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
   }
   Value entry = take_element(value, "a dict value");
   Dict& dict = make_mutable(target).mutable_dict();
-  if (options_.drop_tensors && dropped_keys_.contains(dropped_key_fingerprint(dict, key))) duplicate();
+  // Only a dict that took a dropped key can hold its fingerprint; asking that
+  // first spares the two SipHashes for every other insert.
+  if (options_.drop_tensors && holds_dropped_tensor(dict) && dropped_keys_.contains(dropped_key_fingerprint(dict, key))) {
+    duplicate();
+  }
   if (!dict.insert(dict_key(), std::move(entry))) duplicate();
 }
 
