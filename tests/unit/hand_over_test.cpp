@@ -1,12 +1,19 @@
-// hand_over_storages and Storage page release (holdpoint/format/value.h), and
-// the snapshot a load reports (LoadedMapping::snapshot), without LibTorch.
+// hand_over_storages and Storage page release (holdpoint/format/value.h), the
+// snapshot a load reports (LoadedMapping::snapshot) and the pages of it a load
+// gives back once spent (ParseContext::release_spent_bytes), without LibTorch.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "holdpoint/base/snapshot.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "format/pt_writer.h"
+#include "holdpoint/base/byte_sink.h"
+#include "holdpoint/run/run_directory.h"
+#include "holdpoint/schema/manifest.h"
 #include "support/test_support.h"
 
 namespace holdpoint {
@@ -86,6 +93,137 @@ TEST(HandOver, ALoadReportsItsPrivateSnapshot) {
   const Storage& storage = *loaded.root.as_dict().at("w").as_tensor().storage;
   EXPECT_FALSE(storage.owner().owner_before(loaded.snapshot) || loaded.snapshot.owner_before(storage.owner()));
   EXPECT_FALSE(storage.handed_over()) << "a plain load must not hand anything over";
+}
+
+// ---- pages a load gives back ------------------------------------------------------------
+
+// 3000 tensors of 16 float32 each (distinct, non-zero values), so that the
+// pickle and the central directory span many whole pages.
+Value many_small_tensors(bool with_manifest = false) {
+  Dict root;
+  if (with_manifest) {  // what a run directory's default verifier asks of a generation
+    Manifest manifest;
+    manifest.semantic_identity = "spent-pages-test";
+    root.insert(std::string(kManifestKey), manifest.to_value());
+  }
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<float> values(16);
+    for (int k = 0; k < 16; ++k) values[static_cast<std::size_t>(k)] = static_cast<float>(i * 16 + k + 1);
+    const auto* bytes = reinterpret_cast<const std::byte*>(values.data());
+    root.insert("layer" + std::to_string(i) + ".weight",
+                Value::tensor(TensorData::from_bytes(DType::float32, {16}, {bytes, bytes + 64})));
+  }
+  return Value::dict(std::move(root));
+}
+
+std::vector<std::byte> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(chars.size());
+  std::memcpy(bytes.data(), chars.data(), chars.size());
+  return bytes;
+}
+
+// The central directory's offset, from the end of central directory record
+// (the file has no comment and no zip64 records: it is small).
+std::size_t central_directory_offset(const std::vector<std::byte>& file) {
+  const std::size_t end_record = file.size() - 22;
+  std::uint32_t offset = 0;
+  std::memcpy(&offset, file.data() + end_record + 16, 4);
+  return offset;
+}
+
+// The whole pages of [from, to) in `buffer`, as (first, last) byte offsets.
+std::pair<std::size_t, std::size_t> whole_pages(const io::Buffer& buffer, std::size_t from, std::size_t to) {
+  const auto base = reinterpret_cast<std::uintptr_t>(buffer.data());
+  const std::size_t first = ((base + from + kPage - 1) / kPage * kPage) - base;
+  const std::size_t last = ((base + to) / kPage * kPage) - base;
+  return {first, std::max(first, last)};
+}
+
+bool all_zero(const io::Buffer& buffer, std::size_t from, std::size_t to) {
+  return std::all_of(buffer.data() + from, buffer.data() + to, [](std::byte b) { return b == std::byte{0}; });
+}
+
+void expect_tensors_intact(const Value& root) {
+  ASSERT_GE(root.as_dict().size(), 3000u);
+  for (int i = 0; i < 3000; i += 1) {
+    const TensorData& t = root.as_dict().at("layer" + std::to_string(i) + ".weight").as_tensor();
+    std::vector<float> values(16);
+    t.copy_contiguous_bytes(reinterpret_cast<std::byte*>(values.data()));
+    for (int k = 0; k < 16; ++k) {
+      ASSERT_EQ(values[static_cast<std::size_t>(k)], static_cast<float>(i * 16 + k + 1)) << "tensor " << i;
+    }
+  }
+}
+
+void expect_spent_pages_released(const LoadedMapping& loaded, const std::vector<std::byte>& file) {
+  ASSERT_NE(loaded.snapshot, nullptr);
+  const auto& buffer = *std::static_pointer_cast<const io::Buffer>(loaded.snapshot);
+  ASSERT_EQ(buffer.size(), file.size());
+  const auto pickle = std::find_if(loaded.records.begin(), loaded.records.end(),
+                                   [](const RecordInfo& r) { return r.name == "data.pkl"; });
+  ASSERT_NE(pickle, loaded.records.end());
+  const auto [pickle_first, pickle_last] = whole_pages(buffer, pickle->offset, pickle->offset + pickle->size);
+  const auto [directory_first, directory_last] = whole_pages(buffer, central_directory_offset(file), file.size());
+  ASSERT_GE(pickle_last - pickle_first, 8 * kPage) << "the fixture's pickle is too small to test";
+  ASSERT_GE(directory_last - directory_first, 8 * kPage) << "the fixture's directory is too small to test";
+  ASSERT_FALSE(std::all_of(file.begin() + static_cast<std::ptrdiff_t>(pickle_first),
+                           file.begin() + static_cast<std::ptrdiff_t>(pickle_last),
+                           [](std::byte b) { return b == std::byte{0}; }));
+  EXPECT_TRUE(all_zero(buffer, pickle_first, pickle_last)) << "the pickle's whole pages were kept";
+  EXPECT_TRUE(all_zero(buffer, directory_first, directory_last)) << "the central directory's whole pages were kept";
+  // Everything else is the file, byte for byte: the tensors, the local
+  // headers, and the pickle's and the directory's partial pages.
+  EXPECT_TRUE(std::equal(buffer.data(), buffer.data() + pickle_first, file.data()));
+  EXPECT_TRUE(std::equal(buffer.data() + pickle_last, buffer.data() + directory_first, file.data() + pickle_last));
+  EXPECT_TRUE(std::equal(buffer.data() + directory_last, buffer.data() + file.size(), file.data() + directory_last));
+  expect_tensors_intact(loaded.root);
+}
+
+TEST(SpentPages, ALoadGivesBackItsPickleAndCentralDirectoryAndKeepsEveryTensorByte) {
+  TempDir dir;
+  const SaveResult saved = save_mapping(dir / "m.pt", many_small_tensors());
+  const std::vector<std::byte> file = file_bytes(dir / "m.pt");
+  LoadOptions options;
+  expect_spent_pages_released(load_checkpoint_mapping(dir / "m.pt", options), file);
+  options.expected_sha256 = saved.sha256;  // the digest-checked path releases the same pages
+  expect_spent_pages_released(load_checkpoint_mapping(dir / "m.pt", options), file);
+}
+
+TEST(SpentPages, ARunDirectoryLoadGivesThemBackToo) {
+  TempDir dir;
+  RunDirectory run(dir / "run");
+  io::MemorySink sink;
+  format::write_pt(sink, many_small_tensors(/*with_manifest=*/true));
+  GenerationSpec spec;
+  spec.step = 1;
+  const GenerationInfo generation =
+      run.commit(spec, [&](io::ByteSink& out) { out.write(sink.bytes()); }).generation;
+  const std::vector<std::byte> file = file_bytes(run.file_path(generation));
+  ASSERT_TRUE(std::equal(file.begin(), file.end(), sink.bytes().begin(), sink.bytes().end()));
+  expect_spent_pages_released(run.load(generation), file);
+}
+
+TEST(SpentPages, AParseOfBytesTheCallerKeepsReleasesNothing) {
+  // parse_checkpoint_bytes without release_spent_bytes (how export and
+  // recovery parse a snapshot whose bytes they write or check afterwards)
+  // leaves every byte in place.
+  TempDir dir;
+  save_mapping(dir / "m.pt", many_small_tensors());
+  const std::vector<std::byte> file = file_bytes(dir / "m.pt");
+  const io::Snapshot snapshot = io::read_snapshot(dir / "m.pt", Limits{}.max_file_bytes);
+  const LoadedMapping parsed = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, Limits{});
+  expect_tensors_intact(parsed.root);
+  EXPECT_TRUE(std::equal(file.begin(), file.end(), snapshot.buffer->data()));
+}
+
+TEST(SpentPages, AMismatchedDigestIsStillRefusedWithItsCode) {
+  TempDir dir;
+  save_mapping(dir / "m.pt", many_small_tensors());
+  LoadOptions options;
+  options.expected_sha256 = Sha256::of(std::span<const std::byte>{});  // the empty file's
+  EXPECT_ERROR_CODE(load_checkpoint_mapping(dir / "m.pt", options), ErrorCode::sha256_mismatch);
 }
 
 }  // namespace

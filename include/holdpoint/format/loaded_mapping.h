@@ -64,6 +64,13 @@ struct ParseContext {
   // thread waits here before it checks record CRC-32s, so that on two cores
   // it takes no CPU from the hasher. Empty: nothing to wait for.
   std::function<void()> await_digest;
+  // The bytes are a private snapshot that nothing reads after the parse
+  // except through the returned tensors (load_checkpoint_mapping,
+  // RunDirectory::load). A zip archive's pages that hold no tensor byte are
+  // then given back to the kernel as soon as they are spent: the central
+  // directory once the digest is known, the pickle once it is parsed and
+  // every CRC-32 checked. Only whole pages go; a tensor's bytes never do.
+  bool release_spent_bytes = false;
 };
 
 struct LoadedMapping {
@@ -80,7 +87,9 @@ struct LoadedMapping {
   std::uint64_t file_bytes = 0;
   // The private buffer the tensors of `root` view, when the load read the
   // file into one (load_checkpoint_mapping, RunDirectory::load); null
-  // otherwise. See hand_over_storages (value.h).
+  // otherwise. See hand_over_storages (value.h). Pages that hold only a zip
+  // archive's pickle or central directory have been given back and read as
+  // zeros (ParseContext::release_spent_bytes, docs/format.md §11).
   std::shared_ptr<const void> snapshot;
   FormatMarkers markers;
   std::vector<RecordInfo> records;

@@ -15,6 +15,7 @@
 #include "format/pickle/pickle_reader.h"
 #include "format/safetensors/safetensors.h"
 #include "format/zip/zip_reader.h"
+#include "holdpoint/base/snapshot.h"
 
 namespace holdpoint::format {
 
@@ -208,6 +209,13 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
       digest_failure = std::current_exception();  // the caller reports the mismatch itself
       return;
     }
+    // Hashed, and its entries already copied out: the directory and the end
+    // records after it are spent (read_zip_directory checked that no record
+    // lies past the directory's start).
+    if (context.release_spent_bytes) {
+      io::release_whole_pages(file.data() + archive.central_directory_offset,
+                              file.size() - archive.central_directory_offset);
+    }
     crcs.work();
   });
   ParsedFile parsed;
@@ -222,6 +230,12 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   if (digest_failure) std::rethrow_exception(digest_failure);
   crcs.finish();
   if (parse_failure) std::rethrow_exception(parse_failure);
+  // The pickle has been parsed (every string copied into the tree) and its
+  // CRC-32 checked; no tensor views it.
+  if (context.release_spent_bytes) {
+    const ZipEntry* pickle = archive.find("data.pkl");
+    io::release_whole_pages(file.data() + pickle->data_offset, static_cast<std::size_t>(pickle->size));
+  }
   return parsed;
 }
 

@@ -15,6 +15,7 @@ inline io::SnapshotParser checkpoint_parser(LoadedMapping& out, const Limits& li
     ParseContext context;
     context.before_in_place_write = await_digest;
     context.await_digest = await_digest;
+    context.release_spent_bytes = true;  // `out` keeps the tensors; nothing else reads the buffer
     out = parse_checkpoint_bytes(buffer->bytes(), buffer, limits, context);
     out.snapshot = buffer;
   };
