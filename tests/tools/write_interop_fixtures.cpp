@@ -102,8 +102,8 @@ class CanonicalEncoder {
     std::vector<std::byte> elements = t.contiguous_bytes();
     Json node;
     node["dtype"] = std::string(holdpoint::dtype_name(t.dtype));
-    node["shape"] = t.sizes;
-    node["stride"] = t.strides;
+    node["shape"] = t.sizes.vec();
+    node["stride"] = t.strides.vec();
     node["offset"] = t.storage_offset;
     node["requires_grad"] = t.requires_grad;
     node["parameter"] = t.is_parameter;

@@ -220,8 +220,12 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   });
   ParsedFile parsed;
   std::exception_ptr parse_failure;
+  // The record list is made last, once the pickle's pages are given back: at
+  // a million records it is as large as they are.
+  InterpretOptions interpret;
+  interpret.list_records = false;
   try {
-    parsed = interpret_zip_records(archive, source, limits);
+    parsed = interpret_zip_records(archive, source, limits, interpret);
   } catch (...) {
     parse_failure = std::current_exception();
   }
@@ -236,6 +240,7 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
     const ZipEntry* pickle = archive.find("data.pkl");
     io::release_whole_pages(file.data() + pickle->data_offset, static_cast<std::size_t>(pickle->size));
   }
+  parsed.records = list_zip_records(archive);
   return parsed;
 }
 
@@ -341,13 +346,17 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   markers.pickle_protocol = result.protocol;
   markers.uses_binfloat = result.uses_binfloat;
   markers.producer = describe_producer(markers);
-  if (options.list_records) {
-    parsed.records.reserve(archive.entries.size());
-    for (const ZipEntry& entry : archive.entries) {
-      parsed.records.push_back({std::string(entry.record()), entry.data_offset, entry.size, entry.crc32});
-    }
-  }
+  if (options.list_records) parsed.records = list_zip_records(archive);
   return parsed;
+}
+
+std::vector<RecordInfo> list_zip_records(const ZipArchive& archive) {
+  std::vector<RecordInfo> records;
+  records.reserve(archive.entries.size());
+  for (const ZipEntry& entry : archive.entries) {
+    records.push_back({std::string(entry.record()), entry.data_offset, entry.size, entry.crc32});
+  }
+  return records;
 }
 
 ParsedFile parsed_safetensors(SafetensorsFile safetensors) {

@@ -105,4 +105,7 @@ struct InterpretOptions {
 ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& source, const Limits& limits,
                                  const InterpretOptions& options = {});
 
+// ParsedFile::records for a zip archive: one per entry, in directory order.
+std::vector<RecordInfo> list_zip_records(const ZipArchive& archive);
+
 }  // namespace holdpoint::format

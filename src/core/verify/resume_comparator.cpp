@@ -185,7 +185,7 @@ std::optional<long double> integer_element(DType dtype, const std::byte* data, s
   }
 }
 
-std::vector<std::int64_t> unravel(std::int64_t flat, const std::vector<std::int64_t>& sizes) {
+std::vector<std::int64_t> unravel(std::int64_t flat, std::span<const std::int64_t> sizes) {
   std::vector<std::int64_t> index(sizes.size());
   for (std::size_t d = sizes.size(); d-- > 0;) {
     if (sizes[d] == 0) continue;

@@ -23,7 +23,7 @@ void check_tensor_matches(const TensorData& state, const at::Tensor& live, const
     state_error(ErrorCode::state_dtype_mismatch, path, " has dtype ", dtype_name(state.dtype), ", the live tensor ",
                 dtype_name(live_dtype));
   }
-  if (at::IntArrayRef(state.sizes) != live.sizes()) {
+  if (at::IntArrayRef(state.sizes.data(), state.sizes.size()) != live.sizes()) {
     state_error(ErrorCode::state_shape_mismatch, path, " has shape ", shape_text(state.sizes), ", the live tensor ",
                 shape_text(live.sizes()));
   }
@@ -89,7 +89,8 @@ bool can_adopt(const std::shared_ptr<const TensorData>& state, const at::Tensor&
     return false;
   }
   if (!like.device().is_cpu() || like.layout() != at::kStrided || to_scalar_type(data.dtype) != like.scalar_type() ||
-      at::IntArrayRef(data.sizes) != like.sizes() || at::IntArrayRef(data.strides) != like.strides()) {
+      at::IntArrayRef(data.sizes.data(), data.sizes.size()) != like.sizes() ||
+      at::IntArrayRef(data.strides.data(), data.strides.size()) != like.strides()) {
     return false;
   }
   const std::size_t itemsize = data.itemsize();

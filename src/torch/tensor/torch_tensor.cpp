@@ -106,7 +106,8 @@ at::Tensor to_at_tensor(const TensorData& tensor) {
                 static_cast<std::size_t>(tensor.storage_offset) * tensor.itemsize();
   std::shared_ptr<const Storage> keep = tensor.storage;
   at::Tensor result = at::from_blob(
-      start, tensor.sizes, tensor.strides, [keep](void*) mutable { keep.reset(); },
+      start, at::IntArrayRef(tensor.sizes.data(), tensor.sizes.size()),
+      at::IntArrayRef(tensor.strides.data(), tensor.strides.size()), [keep](void*) mutable { keep.reset(); },
       at::TensorOptions().dtype(*type).device(at::kCPU));
   if (tensor.requires_grad) result.set_requires_grad(true);
   return result;

@@ -528,10 +528,10 @@ class Machine {
   Item reduce_codecs_encode(const Item& args);
   Item reduce_tensor(const Item& args, bool v3);
   Item tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset, bool requires_grad,
-                   std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides);
+                   Dims sizes, Dims strides);
   Item reduce_parameter(const Item& args);
   void check_hooks(const Item& hooks, std::string_view what) const;
-  std::vector<std::int64_t> int_tuple(const Item& item, std::string_view what) const;
+  Dims int_tuple(const Item& item, std::string_view what) const;
   void validate_metadata(const Value& state) const;
 
   const std::byte* data_;
@@ -615,8 +615,12 @@ void Machine::reserve_for_dense_state_dict() {
       texts_.reserve(size_ / 32);
     }
     values_.reserve(size_ / 64);
-    storage_refs_.reserve(size_ / 64);
-    storages_by_number_.reserve(size_ / 64);
+    // A storage can take fewer than 64 bytes of pickle (holdpoint's writer
+    // spends about 64 on a whole tensor), and a table that doubles near the
+    // end of a large pickle holds both copies at the load's peak; pages
+    // reserved and never used cost no memory.
+    storage_refs_.reserve(size_ / 32);
+    storages_by_number_.reserve(size_ / 32);
   } catch (const std::bad_alloc&) {
   }
 }
@@ -1424,7 +1428,7 @@ void Machine::check_hooks(const Item& hooks, std::string_view what) const {
   if (!is_empty_dict(hooks)) error(ErrorCode::tensor_hooks_not_empty, what, " is not an empty dict");
 }
 
-std::vector<std::int64_t> Machine::int_tuple(const Item& item, std::string_view what) const {
+Dims Machine::int_tuple(const Item& item, std::string_view what) const {
   if (item.kind != ItemKind::tuple || item.vm_only) {
     error(ErrorCode::pickle_call_args_invalid, what, " is not a tuple");
   }
@@ -1433,7 +1437,7 @@ std::vector<std::int64_t> Machine::int_tuple(const Item& item, std::string_view 
     error(ErrorCode::tensor_rank_limit, what, " has ", count, " dimensions, more than max_tensor_rank ",
           limits_.max_tensor_rank);
   }
-  std::vector<std::int64_t> out;
+  Dims out;
   out.reserve(count);
   for (std::size_t i = 0; i < count; ++i) {
     const Item& dimension = element(item, i);
@@ -1476,8 +1480,8 @@ Item Machine::reduce_tensor(const Item& args, bool v3) {
   if (requires_grad.kind != ItemKind::boolean) {
     error(ErrorCode::pickle_call_args_invalid, "requires_grad is a ", describe(requires_grad), ", not a bool");
   }
-  std::vector<std::int64_t> sizes = int_tuple(element(args, 2), "size");
-  std::vector<std::int64_t> strides = int_tuple(element(args, 3), "stride");
+  Dims sizes = int_tuple(element(args, 2), "size");
+  Dims strides = int_tuple(element(args, 3), "stride");
   check_hooks(element(args, 5), "backward_hooks");
   if (tuple_size(args) == required + 1) {
     // torch 2.x passes tensor metadata (conj/neg bits...) only when non-empty.
@@ -1495,7 +1499,7 @@ Item Machine::reduce_tensor(const Item& args, bool v3) {
 // A tensor over `storage_ref` whose arguments have their types: the geometry
 // and the limits are checked here.
 Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset,
-                          bool requires_grad, std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides) {
+                          bool requires_grad, Dims sizes, Dims strides) {
   TensorData tensor;
   tensor.dtype = dtype;
   tensor.sizes = std::move(sizes);
@@ -1804,7 +1808,7 @@ bool Machine::try_tensor_fast_path() {
     return code == op::BININT1 || code == op::BININT2 || code == op::BININT;
   };
   // () or a tuple of ints (TUPLE1..3, or MARK ... TUPLE), and its BINPUT.
-  const auto int_tuple = [&](std::vector<std::int64_t>& out) {
+  const auto int_tuple = [&](Dims& out) {
     if (opcode(op::EMPTY_TUPLE)) return put();
     const bool marked = opcode(op::MARK);
     std::int64_t value = 0;
@@ -1821,7 +1825,7 @@ bool Machine::try_tensor_fast_path() {
   GlobalRef rebuild{}, type{}, hooks{};
   std::string_view tag, key, location;
   std::int64_t numel = 0, offset = 0;
-  std::vector<std::int64_t> sizes, strides;
+  Dims sizes, strides;
   if (!global(GlobalKind::rebuild_tensor_v2, rebuild) || !opcode(op::MARK) || !opcode(op::MARK)) return false;
   if (!str(tag) || tag != "storage" || !global(GlobalKind::storage_type, type) || !str(key) || !str(location) ||
       !integer(numel) || !opcode(op::TUPLE) || !put()) {

@@ -395,7 +395,7 @@ class Emitter {
     put(op::BINPERSID);
   }
 
-  void emit_int_tuple(const std::vector<std::int64_t>& values) {
+  void emit_int_tuple(std::span<const std::int64_t> values) {
     if (values.empty()) {
       put(op::EMPTY_TUPLE);
       return;

@@ -1,6 +1,7 @@
 #include "holdpoint/format/value.h"
 
 #include <cstring>
+#include <limits>
 
 #include "base/fail.h"
 #include "base/keyed_hash.h"
@@ -14,10 +15,14 @@ using detail::fail;
 // ---- Storage -----------------------------------------------------------------------
 
 Storage::Storage(const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner, const void* identity)
-    : data_(data), nbytes_(nbytes), owner_(std::move(owner)), identity_(identity) {}
+    : data_(data), nbytes_(nbytes), absent_(0), handed_over_(0), owner_(std::move(owner)), identity_(identity) {
+  if (nbytes >= (std::uint64_t{1} << 62)) {
+    fail(ErrorCode::invalid_argument, "a storage of ", nbytes, " bytes is larger than any memory can hold");
+  }
+}
 
 Storage::~Storage() {
-  if (handed_over_) io::release_whole_pages(data_, nbytes_);
+  if (handed_over_) io::release_whole_pages(data_, nbytes());
 }
 
 std::shared_ptr<const Storage> Storage::copy_of(std::span<const std::byte> bytes) {
@@ -28,19 +33,80 @@ std::shared_ptr<const Storage> Storage::copy_of(std::span<const std::byte> bytes
 
 std::shared_ptr<const Storage> Storage::absent(std::size_t nbytes) {
   std::shared_ptr<Storage> storage(new Storage(nullptr, nbytes, nullptr));
-  storage->absent_ = true;
+  storage->absent_ = 1;
   return storage;
 }
 
 void Storage::throw_absent() const {
-  fail(ErrorCode::invalid_argument, "this storage of ", nbytes_,
+  fail(ErrorCode::invalid_argument, "this storage of ", nbytes(),
        " bytes has no bytes: it comes from scan_checkpoint, which checks tensor bytes without keeping them; "
        "read the file with load_checkpoint_mapping to use them");
 }
 
+// ---- Dims --------------------------------------------------------------------------
+
+Dims::Dims(Dims&& other) noexcept : Dims() { *this = std::move(other); }
+
+Dims& Dims::operator=(const Dims& other) {
+  if (this != &other) assign(other.begin(), other.end());
+  return *this;
+}
+
+Dims& Dims::operator=(Dims&& other) noexcept {
+  if (this == &other) return *this;
+  if (!other.on_heap()) {
+    // Nothing to steal; copying two inline values cannot allocate, since
+    // this object already holds at least as much room.
+    std::copy(other.begin(), other.end(), data());
+    size_ = other.size_;
+    other.size_ = 0;
+    return *this;
+  }
+  if (on_heap()) delete[] heap_;
+  heap_ = other.heap_;
+  size_ = other.size_;
+  capacity_ = other.capacity_;
+  other.inline_[0] = other.inline_[1] = 0;
+  other.size_ = 0;
+  other.capacity_ = kInline;
+  return *this;
+}
+
+Dims::~Dims() {
+  if (on_heap()) delete[] heap_;
+}
+
+void Dims::reserve(std::size_t capacity) {
+  if (capacity <= capacity_) return;
+  if (capacity > std::numeric_limits<std::uint32_t>::max()) {
+    fail(ErrorCode::invalid_argument, "a tensor cannot have ", capacity, " dimensions");
+  }
+  auto* grown = new std::int64_t[capacity];
+  std::copy(begin(), end(), grown);
+  if (on_heap()) delete[] heap_;
+  heap_ = grown;
+  capacity_ = static_cast<std::uint32_t>(capacity);
+}
+
+void Dims::resize(std::size_t size, std::int64_t value) {
+  reserve(size);
+  for (std::size_t i = size_; i < size; ++i) data()[i] = value;
+  size_ = static_cast<std::uint32_t>(size);
+}
+
+void Dims::push_back(std::int64_t value) {
+  if (size_ == capacity_) reserve(2 * static_cast<std::size_t>(capacity_));
+  data()[size_++] = value;
+}
+
+void Dims::assign(std::size_t count, std::int64_t value) {
+  clear();
+  resize(count, value);
+}
+
 // ---- TensorData --------------------------------------------------------------------
 
-TensorData TensorData::from_bytes(DType dtype, std::vector<std::int64_t> sizes, std::span<const std::byte> bytes) {
+TensorData TensorData::from_bytes(DType dtype, Dims sizes, std::span<const std::byte> bytes) {
   TensorData tensor;
   tensor.dtype = dtype;
   tensor.sizes = std::move(sizes);
@@ -465,7 +531,7 @@ void hand_over_storages(const Value& root, const std::shared_ptr<const void>& sn
     pending.pop_back();
     if (value.is_tensor()) {
       const Storage* storage = value.as_tensor().storage.get();
-      if (storage && storage->has_bytes() && same_owner(storage->owner())) storage->handed_over_ = true;
+      if (storage && storage->has_bytes() && same_owner(storage->owner())) storage->handed_over_ = 1;
     } else if (value.is_sequence()) {
       for (const Value& item : value.as_list()) pending.push_back(&item);
     } else if (value.is_dict()) {
