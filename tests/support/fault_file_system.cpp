@@ -348,7 +348,10 @@ class FaultDirectory final : public io::Directory {
     // Outside the mutex, so a progress callback may use the file system.
     if (progress) progress(snapshot.buffer->size(), snapshot.buffer->size());
     // The digest was checked above, so the parser runs after it here.
-    if (parse) parse(snapshot.buffer, [] {});
+    if (parse) {
+      const std::size_t size = snapshot.buffer->size();
+      parse(snapshot.buffer, [] {}, [size] { return size; });
+    }
     return snapshot;
   }
 

@@ -97,16 +97,16 @@ TEST(HandOver, ALoadReportsItsPrivateSnapshot) {
 
 // ---- pages a load gives back ------------------------------------------------------------
 
-// 3000 tensors of 16 float32 each (distinct, non-zero values), so that the
+// `count` tensors of 16 float32 each (distinct, non-zero values), so that the
 // pickle and the central directory span many whole pages.
-Value many_small_tensors(bool with_manifest = false) {
+Value many_small_tensors(bool with_manifest = false, int count = 3000) {
   Dict root;
   if (with_manifest) {  // what a run directory's default verifier asks of a generation
     Manifest manifest;
     manifest.semantic_identity = "spent-pages-test";
     root.insert(std::string(kManifestKey), manifest.to_value());
   }
-  for (int i = 0; i < 3000; ++i) {
+  for (int i = 0; i < count; ++i) {
     std::vector<float> values(16);
     for (int k = 0; k < 16; ++k) values[static_cast<std::size_t>(k)] = static_cast<float>(i * 16 + k + 1);
     const auto* bytes = reinterpret_cast<const std::byte*>(values.data());
@@ -216,6 +216,81 @@ TEST(SpentPages, AParseOfBytesTheCallerKeepsReleasesNothing) {
   const LoadedMapping parsed = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, Limits{});
   expect_tensors_intact(parsed.root);
   EXPECT_TRUE(std::equal(file.begin(), file.end(), snapshot.buffer->data()));
+}
+
+// 40,000 tensors make a pickle of more than 2 MiB, which the pickle VM
+// reports spent a MiB at a time while it runs (PickleOptions::on_spent).
+constexpr int kLargePickleTensors = 40000;
+
+TEST(SpentPages, APicklesPagesGoBackWhileItIsReadButNeverAheadOfTheHasher) {
+  TempDir dir;
+  save_mapping(dir / "m.pt", many_small_tensors(false, kLargePickleTensors));
+  const std::vector<std::byte> file = file_bytes(dir / "m.pt");
+  // Where the pickle's first whole page lies (buffers are page-aligned).
+  const io::Snapshot plain = io::read_snapshot(dir / "m.pt", Limits{}.max_file_bytes);
+  const LoadedMapping reference = parse_checkpoint_bytes(plain.buffer->bytes(), plain.buffer, Limits{});
+  const auto pickle = std::find_if(reference.records.begin(), reference.records.end(),
+                                   [](const RecordInfo& r) { return r.name == "data.pkl"; });
+  ASSERT_NE(pickle, reference.records.end());
+  ASSERT_GT(pickle->size, std::uint64_t{2} << 20);
+  const std::size_t first_page = whole_pages(*plain.buffer, pickle->offset, pickle->offset + pickle->size).first;
+
+  for (const bool hasher_passed : {true, false}) {
+    SCOPED_TRACE(hasher_passed ? "the hasher is past the pickle" : "the hasher has not started");
+    const io::Snapshot snapshot = io::read_snapshot(dir / "m.pt", Limits{}.max_file_bytes);
+    const io::Buffer& buffer = *snapshot.buffer;
+    std::vector<bool> first_page_given_back;  // at each question the load asks
+    ParseContext context;
+    context.release_spent_bytes = true;
+    context.bytes_hashed = [&]() -> std::size_t {
+      first_page_given_back.push_back(all_zero(buffer, first_page, first_page + kPage));
+      return hasher_passed ? buffer.size() : 0;
+    };
+    LoadedMapping loaded = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, Limits{}, context);
+    loaded.snapshot = snapshot.buffer;  // what load_checkpoint_mapping reports
+    ASSERT_GE(first_page_given_back.size(), 2u) << "one question per MiB of pickle";
+    EXPECT_FALSE(first_page_given_back[0]);
+    if (hasher_passed) {
+      EXPECT_TRUE(first_page_given_back[1]) << "given back at the first report, while the pickle VM still ran";
+    } else {
+      EXPECT_EQ(std::count(first_page_given_back.begin(), first_page_given_back.end(), true), 0)
+          << "a page went back before the hasher had read it";
+    }
+    // Either way the load ends with the pickle's pages given back.
+    expect_spent_pages_released(loaded, file);
+    EXPECT_EQ(loaded.root.as_dict().size(), static_cast<std::size_t>(kLargePickleTensors));
+  }
+  // The same through load_checkpoint_mapping, whose hasher runs on its own
+  // thread for a file this size.
+  const LoadedMapping loaded = load_checkpoint_mapping(dir / "m.pt");
+  expect_spent_pages_released(loaded, file);
+  EXPECT_EQ(loaded.root.as_dict().size(), static_cast<std::size_t>(kLargePickleTensors));
+}
+
+TEST(SpentPages, APickleGivenBackEarlyIsStillCheckedAgainstItsCrc) {
+  // A key renamed inside the pickle still parses; only its CRC-32 tells. The
+  // pickle's CRC is taken before its pages go, so the damage is found.
+  TempDir dir;
+  save_mapping(dir / "m.pt", many_small_tensors(false, kLargePickleTensors));
+  std::vector<std::byte> file = file_bytes(dir / "m.pt");
+  const std::string key = "layer39999.weight";
+  const auto* begin = reinterpret_cast<const char*>(file.data());
+  const std::string_view text(begin, file.size());
+  const std::size_t at = text.find(key);
+  ASSERT_NE(at, std::string_view::npos);
+  file[at] = std::byte{'m'};
+  {
+    std::ofstream out(dir / "damaged.pt", std::ios::binary);
+    out.write(begin, static_cast<std::streamsize>(file.size()));
+  }
+  EXPECT_ERROR_CODE(load_checkpoint_mapping(dir / "damaged.pt"), ErrorCode::zip_crc_mismatch);
+  // Parsed with a hasher already past it, too.
+  const io::Snapshot snapshot = io::read_snapshot(dir / "damaged.pt", Limits{}.max_file_bytes);
+  ParseContext context;
+  context.release_spent_bytes = true;
+  context.bytes_hashed = [size = file.size()] { return size; };
+  EXPECT_ERROR_CODE(parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, Limits{}, context),
+                    ErrorCode::zip_crc_mismatch);
 }
 
 TEST(SpentPages, AMismatchedDigestIsStillRefusedWithItsCode) {

@@ -166,7 +166,7 @@ TEST_P(SnapshotParserContract, DigestIsTheFilesWithOrWithoutAParserAndTheParserS
   EXPECT_TRUE(bytes_in(plain) == bytes_);
 
   std::optional<Sha256Digest> seen;
-  const io::Snapshot parsed = read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const auto&) {
+  const io::Snapshot parsed = read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const auto&, const auto&) {
     // The parser runs once every byte is in, possibly while the hash runs.
     seen = Sha256::of(buffer->bytes());
   });
@@ -174,22 +174,22 @@ TEST_P(SnapshotParserContract, DigestIsTheFilesWithOrWithoutAParserAndTheParserS
   EXPECT_EQ(*seen, digest_);
   EXPECT_EQ(parsed.sha256, digest_);
 
-  const io::Snapshot checked = read(digest_, [](const auto&, const auto&) {});
+  const io::Snapshot checked = read(digest_, [](const auto&, const auto&, const auto&) {});
   EXPECT_EQ(checked.sha256, digest_);
   EXPECT_TRUE(bytes_in(checked) == bytes_);
 }
 
 TEST_P(SnapshotParserContract, ASucceedingParserDoesNotHideADigestMismatch) {
   bool ran = false;
-  EXPECT_ERROR_CODE(read(wrong(digest_), [&](const auto&, const auto&) { ran = true; }), ErrorCode::sha256_mismatch);
+  EXPECT_ERROR_CODE(read(wrong(digest_), [&](const auto&, const auto&, const auto&) { ran = true; }), ErrorCode::sha256_mismatch);
   EXPECT_TRUE(ran) << "the parser was meant to run (and succeed) before the mismatch was found";
 }
 
 TEST_P(SnapshotParserContract, ADigestMismatchWinsOverTheParsersError) {
-  const io::SnapshotParser failing = [](const auto&, const auto&) { throw Error(kParserCode, "parser failed"); };
+  const io::SnapshotParser failing = [](const auto&, const auto&, const auto&) { throw Error(kParserCode, "parser failed"); };
   EXPECT_ERROR_CODE(read(wrong(digest_), failing), ErrorCode::sha256_mismatch);
   // Something that is not a holdpoint::Error, too.
-  EXPECT_ERROR_CODE(read(wrong(digest_), [](const auto&, const auto&) { throw std::runtime_error("boom"); }),
+  EXPECT_ERROR_CODE(read(wrong(digest_), [](const auto&, const auto&, const auto&) { throw std::runtime_error("boom"); }),
                     ErrorCode::sha256_mismatch);
   // With the right digest, or none, the parser's own error comes out.
   EXPECT_ERROR_CODE(read(digest_, failing), kParserCode);
@@ -199,7 +199,8 @@ TEST_P(SnapshotParserContract, ADigestMismatchWinsOverTheParsersError) {
 TEST_P(SnapshotParserContract, AwaitDigestStopsTheParserBeforeItWritesWhenTheDigestIsWrong) {
   bool after_await = false;
   EXPECT_ERROR_CODE(read(wrong(digest_),
-                         [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest) {
+                         [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
+                             const std::function<std::size_t()>&) {
                            await_digest();
                            after_await = true;
                            if (buffer->size() > 0) buffer->data()[0] ^= std::byte{1};
@@ -211,7 +212,8 @@ TEST_P(SnapshotParserContract, AwaitDigestStopsTheParserBeforeItWritesWhenTheDig
   // still fails with the mismatch.
   bool swallowed = false;
   EXPECT_ERROR_CODE(read(wrong(digest_),
-                         [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest) {
+                         [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
+                             const std::function<std::size_t()>&) {
                            try {
                              await_digest();
                            } catch (const Error& error) {
@@ -226,7 +228,8 @@ TEST_P(SnapshotParserContract, AwaitDigestStopsTheParserBeforeItWritesWhenTheDig
 TEST_P(SnapshotParserContract, AWriteAfterAwaitDigestDoesNotChangeTheDigest) {
   bool wrote = false;
   const io::Snapshot snapshot =
-      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest) {
+      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
+                             const std::function<std::size_t()>&) {
         await_digest();
         await_digest();  // idempotent
         if (buffer->size() == 0) return;
@@ -240,11 +243,30 @@ TEST_P(SnapshotParserContract, AWriteAfterAwaitDigestDoesNotChangeTheDigest) {
   }
   // Without an expected digest await_digest checks nothing, and still waits.
   const io::Snapshot unchecked =
-      read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest) {
+      read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
+                             const std::function<std::size_t()>&) {
         await_digest();
         if (buffer->size() > 0) buffer->data()[buffer->size() / 2] ^= std::byte{0xFF};
       });
   EXPECT_EQ(unchecked.sha256, digest_);
+}
+
+TEST_P(SnapshotParserContract, BytesHashedOnlyGrowsStaysInTheBufferAndIsAllOfItOnceTheDigestIsKnown) {
+  std::vector<std::size_t> seen;
+  std::size_t size = 0;
+  const io::Snapshot snapshot =
+      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
+                        const std::function<std::size_t()>& bytes_hashed) {
+        size = buffer->size();
+        for (int i = 0; i < 1000; ++i) seen.push_back(bytes_hashed());
+        await_digest();
+        seen.push_back(bytes_hashed());
+      });
+  EXPECT_EQ(snapshot.sha256, digest_);
+  ASSERT_EQ(seen.size(), 1001u);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_LE(seen.front(), size);
+  EXPECT_EQ(seen.back(), size) << "once the digest is known, every byte has been hashed";
 }
 
 // 0 and small sizes hash on the reading thread; from 8 MiB a second thread
@@ -262,16 +284,16 @@ TEST(SnapshotParserContract, DirectoryReadKeepsTheContract) {
   auto directory = io::posix_file_system().open_directory(dir.path(), false);
   bool ran = false;
   EXPECT_ERROR_CODE(directory->read("f.bin", 32 * kMiB, wrong(digest), {},
-                                    [&](const auto&, const auto&) { ran = true; }),
+                                    [&](const auto&, const auto&, const auto&) { ran = true; }),
                     ErrorCode::sha256_mismatch);
   EXPECT_TRUE(ran);
   EXPECT_ERROR_CODE(directory->read("f.bin", 32 * kMiB, wrong(digest), {},
-                                    [](const auto&, const auto&) { throw Error(kParserCode, "x"); }),
+                                    [](const auto&, const auto&, const auto&) { throw Error(kParserCode, "x"); }),
                     ErrorCode::sha256_mismatch);
   EXPECT_ERROR_CODE(directory->read("f.bin", 32 * kMiB, digest, {},
-                                    [](const auto&, const auto&) { throw Error(kParserCode, "x"); }),
+                                    [](const auto&, const auto&, const auto&) { throw Error(kParserCode, "x"); }),
                     kParserCode);
-  EXPECT_EQ(directory->read("f.bin", 32 * kMiB, digest, {}, [](const auto&, const auto&) {}).sha256, digest);
+  EXPECT_EQ(directory->read("f.bin", 32 * kMiB, digest, {}, [](const auto&, const auto&, const auto&) {}).sha256, digest);
 }
 
 // ---- load_checkpoint_mapping / RunDirectory::load on large files -------------------------

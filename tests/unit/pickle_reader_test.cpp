@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 #include <variant>
+#include <unordered_map>
 #include <vector>
 
 #include "format/pickle/pickle_opcodes.h"
@@ -879,14 +880,8 @@ TEST(PickleReader, RejectsExponentialTupleDag) {
 
 // Kinds, keys, scalars and tensor geometry, with storages and tensors numbered
 // by first appearance so that sharing shows.
-void render(const Value& value, std::string& out, std::vector<const void*>& seen) {
-  const auto number = [&seen](const void* p) {
-    for (std::size_t i = 0; i < seen.size(); ++i) {
-      if (seen[i] == p) return i;
-    }
-    seen.push_back(p);
-    return seen.size() - 1;
-  };
+void render(const Value& value, std::string& out, std::unordered_map<const void*, std::size_t>& seen) {
+  const auto number = [&seen](const void* p) { return seen.try_emplace(p, seen.size()).first->second; };
   out += std::string(value_kind_name(value.kind())) + ":";
   switch (value.kind()) {
     case ValueKind::none: break;
@@ -920,7 +915,7 @@ void render(const Value& value, std::string& out, std::vector<const void*>& seen
 
 std::string render(const Value& value) {
   std::string out;
-  std::vector<const void*> seen;
+  std::unordered_map<const void*, std::size_t> seen;
   render(value, out, seen);
   return out;
 }
@@ -987,6 +982,89 @@ TEST(PickleReader, KeepingOnlyFetchedMemoEntriesReadsTheSame) {
   EXPECT_EQ(groups[2999].as_dict().at("n2999").as_list()[1].as_string(), "shared");
   EXPECT_EQ(root.at("tied").tensor_ptr(), groups[1500].as_dict().at("w1500").tensor_ptr());
   EXPECT_EQ(root.at("tied").as_tensor().sizes, (std::vector<std::int64_t>{2, 3}));
+}
+
+// PickleOptions::on_spent: a caller that gives the reported bytes back (they
+// then read as zeros) gets the same result. The fixture holds what the VM
+// still needs from early bytes at the end: a string memoized first and
+// fetched last, and a storage whose key goes in the hashed table (too large
+// for the by-number one) that a late view names again.
+PickleBuilder late_references_state(std::size_t tensors) {
+  PickleBuilder p;
+  p.proto().empty_dict().binput(0).mark();
+  p.str("first").binput(1).tensor("FloatStorage", "9999999999", 6, 0, {6}, {1}).binput(2);
+  p.str("early").binput(3).str("a string fetched again at the very end").binput(4);
+  p.setitems();
+  for (std::size_t i = 0; i < tensors; ++i) {
+    if (i % 1000 == 0) p.mark();
+    p.str("w" + std::to_string(i)).tensor("FloatStorage", std::to_string(i), 6, 0, {2, 3}, {3, 1});
+    if (i % 1000 == 999 || i + 1 == tensors) p.setitems();
+  }
+  p.mark().str("late_view").tensor("FloatStorage", "9999999999", 6, 2, {2}, {1});
+  p.str("late_view_of_0").tensor("FloatStorage", "0", 6, 1, {3}, {1});
+  p.str("late_str").binget(4).setitems().stop();
+  return p;
+}
+
+struct SpentRead {
+  PickleResult result;
+  std::vector<std::size_t> reports;
+  int resolve_calls = 0;
+};
+
+// Reads a copy of `bytes`, zeroing every byte the VM reports spent.
+SpentRead read_zeroing_spent(std::vector<std::byte> bytes, PickleOptions options = {},
+                             bool allow_trailing_bytes = false) {
+  SpentRead out;
+  options.on_spent = [&](std::size_t spent) {
+    out.reports.push_back(spent);
+    std::fill(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(spent), std::byte{0});
+  };
+  MemoryStorages storages;
+  storages.fabricate_missing(1 << 20);
+  out.result = read_pickle(bytes, storages, Limits{}, options, allow_trailing_bytes);
+  out.resolve_calls = storages.resolve_calls;
+  return out;
+}
+
+TEST(PickleReader, BytesReportedSpentAreNeverReadAgain) {
+  const std::vector<std::byte> bytes = late_references_state(40000).bytes();
+  ASSERT_GT(bytes.size(), std::size_t{2} << 20) << "the fixture must span several reports";
+  const PickleResult plain = read(late_references_state(40000));
+  const SpentRead zeroed = read_zeroing_spent(bytes);
+
+  ASSERT_GE(zeroed.reports.size(), 2u);
+  EXPECT_GE(zeroed.reports.front(), std::size_t{1} << 20);
+  for (std::size_t i = 1; i < zeroed.reports.size(); ++i) EXPECT_GT(zeroed.reports[i], zeroed.reports[i - 1]);
+  EXPECT_LT(zeroed.reports.back(), bytes.size());
+
+  EXPECT_TRUE(render(zeroed.result.root) == render(plain.root)) << "the result differs once spent bytes are zeros";
+  EXPECT_EQ(zeroed.resolve_calls, 40001) << "a late view found its storage again by key";
+  EXPECT_EQ(zeroed.result.storage_count, 40001u);
+  const Dict& root = zeroed.result.root.as_dict();
+  EXPECT_EQ(root.at("late_str").as_string(), "a string fetched again at the very end");
+  EXPECT_EQ(root.at("late_view").as_tensor().storage, root.at("first").as_tensor().storage);
+  EXPECT_EQ(root.at("late_view_of_0").as_tensor().storage, root.at("w0").as_tensor().storage);
+  EXPECT_EQ(root.at("w39999").as_tensor().sizes, (std::vector<std::int64_t>{2, 3}));
+}
+
+TEST(PickleReader, NothingIsReportedSpentWhereTheVmMayReadItAgain) {
+  const std::vector<std::byte> bytes = late_references_state(40000).bytes();
+  const std::string expected = render(read(late_references_state(40000)).root);
+  // Every memo entry kept: any early string may be fetched again.
+  PickleOptions keep_all;
+  keep_all.keep_fetched_memo_only = false;
+  const SpentRead kept = read_zeroing_spent(bytes, keep_all);
+  EXPECT_TRUE(kept.reports.empty());
+  EXPECT_TRUE(render(kept.result.root) == expected);
+  // A stream with trailing bytes (a legacy file) hands over more than the pickle.
+  const SpentRead legacy = read_zeroing_spent(bytes, {}, /*allow_trailing_bytes=*/true);
+  EXPECT_TRUE(legacy.reports.empty());
+  EXPECT_TRUE(render(legacy.result.root) == expected);
+  // A pickle under a MiB has nothing worth reporting.
+  const SpentRead small = read_zeroing_spent(late_references_state(100).bytes());
+  EXPECT_TRUE(small.reports.empty());
+  EXPECT_EQ(small.result.tensor_count, 103u);
 }
 
 TEST(PickleReader, ManyFetchesOfFewEntriesReadTheSame) {

@@ -80,9 +80,13 @@ using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)
 // there so as not to take a core from the hasher. Whatever the parser
 // produces must not be used unless read_snapshot returns normally: a digest
 // mismatch is thrown even when the parser succeeded, and takes precedence over
-// the parser's own error.
-using SnapshotParser =
-    std::function<void(const std::shared_ptr<Buffer>& buffer, const std::function<void()>& await_digest)>;
+// the parser's own error. `bytes_hashed` tells, from any thread, how many
+// bytes from the start of the buffer the hasher has taken in so far: it only
+// grows, and is the buffer's size once `await_digest` has returned. A parser
+// that gives pages back (MADV_DONTNEED, which turns them into zeros) may do so
+// only below it.
+using SnapshotParser = std::function<void(const std::shared_ptr<Buffer>& buffer, const std::function<void()>& await_digest,
+                                          const std::function<std::size_t()>& bytes_hashed)>;
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,

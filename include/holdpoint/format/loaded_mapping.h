@@ -64,12 +64,17 @@ struct ParseContext {
   // thread waits here before it checks record CRC-32s, so that on two cores
   // it takes no CPU from the hasher. Empty: nothing to wait for.
   std::function<void()> await_digest;
+  // How many bytes from the start the hasher has taken in so far, callable
+  // from any thread (SnapshotParser's bytes_hashed). Empty: nothing hashes
+  // the bytes while they are parsed.
+  std::function<std::size_t()> bytes_hashed;
   // The bytes are a private snapshot that nothing reads after the parse
   // except through the returned tensors (load_checkpoint_mapping,
   // RunDirectory::load). A zip archive's pages that hold no tensor byte are
   // then given back to the kernel as soon as they are spent: the central
-  // directory once the digest is known, the pickle once it is parsed and
-  // every CRC-32 checked. Only whole pages go; a tensor's bytes never do.
+  // directory once the digest is known, the pickle piece by piece as the
+  // pickle VM leaves it behind (once hashed; its CRC-32 is checked first).
+  // Only whole pages go; a tensor's bytes never do.
   bool release_spent_bytes = false;
 };
 

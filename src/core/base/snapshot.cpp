@@ -104,6 +104,7 @@ class SnapshotReader {
       const std::size_t got = read_fully(fd_, data_, size_, path_);
       if (got != size_) fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", got, " bytes");
       hasher_.update(data_, size_);
+      hashed_.store(size_, std::memory_order_release);
       if (progress_) progress_(size_, size_);
       return;
     }
@@ -133,8 +134,12 @@ class SnapshotReader {
     }
   }
 
+  // How far the hasher has got (SnapshotParser's bytes_hashed).
+  std::size_t hashed() const { return hashed_.load(std::memory_order_acquire); }
+
   Sha256Digest finish_hash() {
     if (hash_thread_.joinable()) hash_thread_.join();
+    hashed_.store(size_, std::memory_order_release);
     if (!digest_) digest_ = hasher_.finish();
     return *digest_;
   }
@@ -152,6 +157,7 @@ class SnapshotReader {
       const std::size_t piece = std::min(available - hashed, kChunkBytes);
       hasher_.update(data_ + hashed, piece);
       hashed += piece;
+      hashed_.store(hashed, std::memory_order_release);
     }
   }
 
@@ -172,6 +178,7 @@ class SnapshotReader {
   Sha256 hasher_;
   std::optional<Sha256Digest> digest_;
   std::atomic<std::size_t> filled_{0};
+  std::atomic<std::size_t> hashed_{0};
   std::atomic<bool> stopping_{false};
   std::thread hash_thread_;
 };
@@ -217,7 +224,7 @@ Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t m
     std::exception_ptr parse_failure;
     if (parse) {
       try {
-        parse(snapshot.buffer, check_digest);
+        parse(snapshot.buffer, check_digest, [&reader] { return reader.hashed(); });
       } catch (...) {
         parse_failure = std::current_exception();
       }

@@ -201,6 +201,20 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
     return interpret_zip_records(archive, source, limits);
   }
   ZipCrcWork crcs(archive, file, limits);
+  // The pickle's pages go back as the VM leaves them behind, once the hasher
+  // has passed them; its CRC-32 is therefore checked first, on this thread.
+  InterpretOptions interpret;
+  const ZipEntry* pickle = archive.find("data.pkl");
+  if (context.release_spent_bytes && pickle && pickle->size <= limits.max_pickle_bytes) {
+    crcs.check_now(static_cast<std::size_t>(pickle - archive.entries.data()));
+    const std::byte* pickle_bytes = file.data() + pickle->data_offset;
+    const std::uint64_t pickle_offset = pickle->data_offset;
+    interpret.on_pickle_spent = [&context, pickle_bytes, pickle_offset](std::size_t spent) {
+      // Not hashed yet: the next report, or the end of the load, gives them back.
+      if (context.bytes_hashed && context.bytes_hashed() < pickle_offset + spent) return;
+      io::release_whole_pages(pickle_bytes, spent);
+    };
+  }
   std::exception_ptr digest_failure;
   std::thread crc_helper([&] {
     try {
@@ -222,7 +236,6 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   std::exception_ptr parse_failure;
   // The record list is made last, once the pickle's pages are given back: at
   // a million records it is as large as they are.
-  InterpretOptions interpret;
   interpret.list_records = false;
   try {
     parsed = interpret_zip_records(archive, source, limits, interpret);
@@ -237,7 +250,6 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // The pickle has been parsed (every string copied into the tree) and its
   // CRC-32 checked; no tensor views it.
   if (context.release_spent_bytes) {
-    const ZipEntry* pickle = archive.find("data.pkl");
     io::release_whole_pages(file.data() + pickle->data_offset, static_cast<std::size_t>(pickle->size));
   }
   parsed.records = list_zip_records(archive);
@@ -329,6 +341,7 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   ZipStorageResolver resolver(archive, source, big_endian);
   PickleOptions pickle_options;
   pickle_options.drop_tensors = options.drop_tensors;
+  pickle_options.on_spent = options.on_pickle_spent;
   PickleResult result = read_pickle(source.record_bytes(*pickle), resolver, limits, pickle_options);
 
   // PyTorch writes exactly the storages its pickle references; anything else

@@ -98,6 +98,8 @@ class ZipRecordSource {
 struct InterpretOptions {
   bool drop_tensors = false;  // PickleOptions::drop_tensors
   bool list_records = true;   // fill ParsedFile::records
+  // PickleOptions::on_spent, for data.pkl.
+  std::function<void(std::size_t spent_bytes)> on_pickle_spent;
 };
 
 // The record policy of docs/format.md §4 after the zip checks and CRCs: record

@@ -34,6 +34,7 @@
 #include <charconv>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <limits>
 #include <new>
 #include <optional>
@@ -72,7 +73,8 @@ struct GlobalRef {
   DType dtype;  // storage_type and dtype only
 };
 
-// What a BINPERSID declared and resolved; `key` views the pickle.
+// What a BINPERSID declared and resolved; `key` views the pickle (or, once
+// the VM has left its bytes behind, the machine's copy: Machine::spend).
 struct StorageRef {
   std::string_view key;
   std::uint64_t numel;
@@ -115,8 +117,9 @@ static_assert(std::is_trivially_copyable_v<Item> && sizeof(Item) == 24);
 constexpr std::size_t kNoValue = std::numeric_limits<std::size_t>::max();
 
 // A str or bytes operand: a view of the pickle (or, for bytes made by
-// _codecs.encode, of the Value that owns them) and the Value made of it, once
-// one was needed.
+// _codecs.encode, of the Value that owns them; or of the machine's copy once
+// the pickle's bytes are spent) and the Value made of it, once one was
+// needed.
 struct Text {
   std::string_view text;
   std::size_t owned = kNoValue;  // into values_
@@ -341,6 +344,34 @@ std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* 
 // Thrown when a fetch names a memo entry the walk above did not foresee.
 struct MemoNotKept {};
 
+// Copies of the strings the machine still views when it leaves the pickle's
+// bytes behind (PickleOptions::on_spent). Chunks never move, so the views
+// stay valid for the machine's life.
+class TextCopies {
+ public:
+  std::string_view keep(std::string_view text) {
+    if (text.empty()) return {};
+    if (text.size() > chunk_size_ - used_) {
+      chunk_size_ = std::max(kChunkBytes, text.size());
+      chunks_.push_back(std::make_unique<char[]>(chunk_size_));
+      used_ = 0;
+    }
+    char* out = chunks_.back().get() + used_;
+    std::memcpy(out, text.data(), text.size());
+    used_ += text.size();
+    return {out, text.size()};
+  }
+
+ private:
+  static constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
+  std::vector<std::unique_ptr<char[]>> chunks_;
+  std::size_t chunk_size_ = 0;
+  std::size_t used_ = 0;
+};
+
+// How far the VM gets between reports of spent pickle bytes.
+constexpr std::size_t kSpendEveryBytes = std::size_t{1} << 20;
+
 // 128-bit keyed fingerprints (two SipHash-2-4 under secret keys), in an
 // open-addressing table at most half full: 32 bytes per entry. Two different
 // inputs share a fingerprint with probability about 2^-128 per pair, and a
@@ -517,6 +548,7 @@ class Machine {
   void do_binpersid();
   Item storage_item(GlobalRef type, std::string_view key_text, std::string_view location, std::int64_t numel);
   bool try_tensor_fast_path();
+  void spend();
   std::size_t find_storage(std::string_view key) const;
   void index_storage(std::size_t position);
   std::optional<std::uint64_t> storage_number(std::string_view key) const;
@@ -578,6 +610,14 @@ class Machine {
   std::vector<std::size_t> storages_by_number_;
   std::vector<std::size_t> storage_slots_;
   std::size_t hashed_storages_ = 0;
+
+  // PickleOptions::on_spent: the bytes before spent_ are given up, and every
+  // view the machine held into them now views text_copies_ instead (the keys
+  // of storage_refs_ before keys_copied_ among them).
+  std::size_t spent_ = 0;
+  std::size_t next_spend_at_ = std::numeric_limits<std::size_t>::max();
+  std::size_t keys_copied_ = 0;
+  TextCopies text_copies_;
 
   // PickleOptions::drop_tensors: a dict takes no entry for a dropped tensor;
   // the fingerprint of (dict, key) stands in for it, so that the key used
@@ -1060,7 +1100,15 @@ void Machine::memo_get(std::uint64_t index) {
     error(ErrorCode::pickle_memo_missing, "index ", index, " was never stored (memo size ", memo_size_, ")");
   }
   const Item* slot = keep_fetched_only_ ? kept_slot(index) : &memo_[static_cast<std::size_t>(index)];
-  if (!slot) throw MemoNotKept{};
+  if (!slot) {
+    // The bytes a second reading would need may already be given back.
+    if (spent_ > 0) {
+      error(ErrorCode::pickle_memo_missing, "index ", index,
+            " was not foreseen by the walk over the opcodes, and the pickle's first ", spent_,
+            " bytes are already given back, so it cannot be read again keeping every entry");
+    }
+    throw MemoNotKept{};
+  }
   const Item entry = *slot;
   if (entry.holds_mutable) {
     error(ErrorCode::pickle_memo_mutable, "memo ", index, " is (or holds) a mutable ", describe(entry),
@@ -1868,6 +1916,25 @@ bool Machine::try_tensor_fast_path() {
   return true;
 }
 
+// Between two opcodes every view the machine holds into the pickle is a
+// string in texts_ or a key in storage_refs_ (stack items, kept memo entries
+// and tuple elements name texts_ entries by index). The ones into bytes not
+// yet spent are copied out, and everything before the read position is
+// reported spent. Views made from here on see bytes at or past it: the
+// machine only reads forward.
+void Machine::spend() {
+  const auto begin = reinterpret_cast<std::uintptr_t>(data_);
+  const auto copy_if_spent = [&](std::string_view& view) {
+    const auto at = reinterpret_cast<std::uintptr_t>(view.data());
+    if (at >= begin + spent_ && at < begin + pos_) view = text_copies_.keep(view);
+  };
+  for (Text& text : texts_) copy_if_spent(text.text);
+  for (; keys_copied_ < storage_refs_.size(); ++keys_copied_) copy_if_spent(storage_refs_[keys_copied_].key);
+  spent_ = pos_;
+  next_spend_at_ = pos_ + kSpendEveryBytes;
+  options_.on_spent(spent_);
+}
+
 // ---- the loop ---------------------------------------------------------------------------
 
 PickleResult Machine::run() {
@@ -1887,7 +1954,9 @@ PickleResult Machine::run() {
     }
   }
   if (!allow_trailing_bytes_) reserve_for_dense_state_dict();
+  if (options_.on_spent && keep_fetched_only_ && !allow_trailing_bytes_) next_spend_at_ = kSpendEveryBytes;
   for (;;) {
+    if (pos_ >= next_spend_at_) spend();
     op_offset_ = pos_;
     if (pos_ >= window_end_) {
       if (window_end_ < size_) {

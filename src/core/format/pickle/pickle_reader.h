@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -74,6 +75,15 @@ struct PickleOptions {
   // inputs are refused, and with which code, is the same either way; a
   // message may then name a dropped tensor's kind as none.
   bool drop_tensors = false;
+  // Called every MiB or so of a zip archive's pickle with a count of bytes
+  // from its start that the VM has left behind for good: it will not read
+  // them again, and neither it nor the Value it returns keeps a view into
+  // them (the strings and storage keys it still needs there are copied out
+  // first). A caller whose bytes are a private snapshot gives their memory
+  // back (docs/format.md §11). Only while keep_fetched_memo_only holds (with
+  // every memo entry kept, any string may be fetched again); never for a
+  // stream with trailing bytes. Empty: nothing is reported.
+  std::function<void(std::size_t spent_bytes)> on_spent;
 };
 
 struct PickleResult {

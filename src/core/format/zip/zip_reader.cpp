@@ -705,14 +705,23 @@ void check_zip_entry_crc(const ZipArchive& archive, std::size_t index, std::uint
   if (crc_to_check(archive, index, limits)) compare_crc(archive, index, actual);
 }
 
+void ZipCrcWork::check(std::size_t index) {
+  if (auto failure = first_crc_failure(archive_, index, index + 1, file_, limits_)) {
+    const std::lock_guard lock(failure_mutex_);
+    if (!failure_ || failure->first < failure_->first) failure_ = std::move(failure);
+  }
+}
+
 void ZipCrcWork::work() {
   for (std::size_t i = next_.fetch_add(1, std::memory_order_relaxed); i < archive_.entries.size();
        i = next_.fetch_add(1, std::memory_order_relaxed)) {
-    if (auto failure = first_crc_failure(archive_, i, i + 1, file_, limits_)) {
-      const std::lock_guard lock(failure_mutex_);
-      if (!failure_ || failure->first < failure_->first) failure_ = std::move(failure);
-    }
+    if (i != checked_early_) check(i);
   }
+}
+
+void ZipCrcWork::check_now(std::size_t index) {
+  checked_early_ = index;
+  check(index);
 }
 
 void ZipCrcWork::finish() const {

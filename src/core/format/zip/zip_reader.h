@@ -156,12 +156,18 @@ class ZipCrcWork {
       : archive_(archive), file_(file), limits_(limits) {}
   void work();
   void finish() const;
+  // Checks entry `index` on this thread, now, and leaves it out of work(): for
+  // a caller about to give the entry's pages back. Only before any work().
+  void check_now(std::size_t index);
 
  private:
+  void check(std::size_t index);
+
   const ZipArchive& archive_;
   std::span<const std::byte> file_;
   const Limits& limits_;
   std::atomic<std::size_t> next_{0};
+  std::size_t checked_early_ = SIZE_MAX;
   mutable std::mutex failure_mutex_;
   std::optional<std::pair<std::size_t, Error>> failure_;  // the lowest failing index
 };
