@@ -219,7 +219,7 @@ TEST(SpentPages, AParseOfBytesTheCallerKeepsReleasesNothing) {
 }
 
 // 40,000 tensors make a pickle of more than 2 MiB, which the pickle VM
-// reports spent a MiB at a time while it runs (PickleOptions::on_spent).
+// reports spent 256 KiB at a time while it runs (PickleOptions::on_spent).
 constexpr int kLargePickleTensors = 40000;
 
 TEST(SpentPages, APicklesPagesGoBackWhileItIsReadButNeverAheadOfTheHasher) {
@@ -248,7 +248,7 @@ TEST(SpentPages, APicklesPagesGoBackWhileItIsReadButNeverAheadOfTheHasher) {
     };
     LoadedMapping loaded = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, Limits{}, context);
     loaded.snapshot = snapshot.buffer;  // what load_checkpoint_mapping reports
-    ASSERT_GE(first_page_given_back.size(), 2u) << "one question per MiB of pickle";
+    ASSERT_GE(first_page_given_back.size(), 2u) << "one question per 256 KiB of pickle";
     EXPECT_FALSE(first_page_given_back[0]);
     if (hasher_passed) {
       EXPECT_TRUE(first_page_given_back[1]) << "given back at the first report, while the pickle VM still ran";

@@ -164,6 +164,36 @@ class ZipStorageResolver final : public StorageResolver {
   std::size_t next_ = 0;          // the entry after the last one resolved
 };
 
+// list_zip_records for an archive nothing reads afterwards, which it leaves
+// empty. At a million records the list is as large as the entry table, and it
+// is the load's last allocation, made while the whole tree is held: so the
+// lookup table goes first, and the whole pages of the entry table and of the
+// name arena (unless a copy of the archive shares it) that are already listed
+// go back to the kernel as the list grows. Entries are trivially destructible,
+// and a page wholly inside an allocation holds nothing the allocator reads.
+std::vector<RecordInfo> take_zip_records(ZipArchive& archive) {
+  archive.record_order = std::vector<std::uint32_t>();
+  const std::vector<ZipEntry>& entries = archive.entries;
+  const bool names_private = archive.names && archive.names.use_count() == 1;
+  const auto* entry_bytes = reinterpret_cast<const std::byte*>(entries.data());
+  constexpr std::size_t kBatch = 8192;
+  std::vector<RecordInfo> records;
+  records.reserve(entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const ZipEntry& entry = entries[i];
+    records.push_back({std::string(entry.record()), entry.data_offset, entry.size, entry.crc32});
+    if ((i + 1) % kBatch != 0 && i + 1 != entries.size()) continue;
+    io::release_whole_pages(entry_bytes, (i + 1) * sizeof(ZipEntry));
+    if (names_private) {  // the arena holds the names in directory order
+      const char* arena = archive.names->data();
+      io::release_whole_pages(reinterpret_cast<const std::byte*>(arena),
+                              static_cast<std::size_t>(entry.name.data() + entry.name.size() - arena));
+    }
+  }
+  archive = ZipArchive();
+  return records;
+}
+
 std::string describe_producer(const FormatMarkers& markers) {
   if (markers.format_version) return "torch >= 2.7 (.format_version record)";
   if (markers.serialization_id) return "torch >= 2.1 (.data/serialization_id record)";
@@ -176,7 +206,7 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
                                const Limits& limits, const ParseContext& context) {
   // TorchScript archives are named as such even when they would fail a zip
   // check first (their code/ records are often deflated).
-  const ZipArchive archive = read_zip_directory(file, limits, screen_torchscript_record);
+  ZipArchive archive = read_zip_directory(file, limits, screen_torchscript_record);
   check_record_names(archive);
   MemoryRecordSource source(file, owner);
 
@@ -252,7 +282,7 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   if (context.release_spent_bytes) {
     io::release_whole_pages(file.data() + pickle->data_offset, static_cast<std::size_t>(pickle->size));
   }
-  parsed.records = list_zip_records(archive);
+  parsed.records = context.release_spent_bytes ? take_zip_records(archive) : list_zip_records(archive);
   return parsed;
 }
 

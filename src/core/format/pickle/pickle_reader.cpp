@@ -73,15 +73,25 @@ struct GlobalRef {
   DType dtype;  // storage_type and dtype only
 };
 
-// What a BINPERSID declared and resolved; `key` views the pickle (or, once
-// the VM has left its bytes behind, the machine's copy: Machine::spend).
+// What a BINPERSID declared and resolved. The key views the pickle, or, once
+// the VM has left its bytes behind (Machine::spend), the machine's copy; a
+// key found by its number has none then (Machine::storage_key). 32 bytes: a
+// state dict may declare hundreds of thousands. The element count is the
+// storage's size over the dtype's.
 struct StorageRef {
-  std::string_view key;
-  std::uint64_t numel;
+  const char* key_data;
   std::shared_ptr<const Storage> storage;
+  std::uint32_t key_size;  // keys are at most 64 bytes (checked before)
   DType dtype;
   bool untyped;
+
+  std::string_view key() const { return {key_data, key_size}; }
+  void set_key(std::string_view key) {
+    key_data = key.data();
+    key_size = static_cast<std::uint32_t>(key.size());
+  }
 };
+static_assert(sizeof(StorageRef) <= 32);
 
 enum class ItemKind : std::uint8_t {
   none,
@@ -370,7 +380,7 @@ class TextCopies {
 };
 
 // How far the VM gets between reports of spent pickle bytes.
-constexpr std::size_t kSpendEveryBytes = std::size_t{1} << 20;
+constexpr std::size_t kSpendEveryBytes = std::size_t{256} << 10;
 
 // 128-bit keyed fingerprints (two SipHash-2-4 under secret keys), in an
 // open-addressing table at most half full: 32 bytes per entry. Two different
@@ -552,6 +562,8 @@ class Machine {
   std::size_t find_storage(std::string_view key) const;
   void index_storage(std::size_t position);
   std::optional<std::uint64_t> storage_number(std::string_view key) const;
+  bool found_by_number(std::size_t position) const;
+  std::string storage_key(std::size_t position) const;
   void place_hashed_storage(std::size_t position);
 
   // ---- callables ----
@@ -605,9 +617,9 @@ class Machine {
   // Storages by key, as position in storage_refs_ + 1 (0: none). Zip archives
   // number storages 0, 1, 2, ... in order, so a canonical key below twice the
   // storages seen (plus 1024) goes in storages_by_number_, found without
-  // hashing or a random access; any other key in the open-addressing table
-  // storage_slots_.
-  std::vector<std::size_t> storages_by_number_;
+  // hashing or a random access; any other key (or any storage past the
+  // 2^32 - 1st) in the open-addressing table storage_slots_.
+  std::vector<std::uint32_t> storages_by_number_;
   std::vector<std::size_t> storage_slots_;
   std::size_t hashed_storages_ = 0;
 
@@ -789,7 +801,7 @@ std::optional<ValueKind> Machine::value_kind(const Item& item) const {
 std::string Machine::describe(const Item& item) const {
   if (const auto kind = value_kind(item)) return std::string(value_kind_name(*kind));
   if (item.kind == ItemKind::global) return "global " + global_name(item.global);
-  if (item.kind == ItemKind::storage) return "storage '" + std::string(storage(item).key) + "'";
+  if (item.kind == ItemKind::storage) return "storage '" + storage_key(item.index) + "'";
   return "tuple holding a global or storage";
 }
 
@@ -1218,6 +1230,22 @@ std::optional<std::uint64_t> Machine::storage_number(std::string_view key) const
   return number;
 }
 
+// Whether storage_refs_[position] is found through storages_by_number_.
+bool Machine::found_by_number(std::size_t position) const {
+  const auto number = storage_number(storage_refs_[position].key());
+  return number && *number < storages_by_number_.size() && storages_by_number_[*number] == position + 1;
+}
+
+// The key of storage_refs_[position], for a message.
+std::string Machine::storage_key(std::size_t position) const {
+  const StorageRef& ref = storage_refs_[position];
+  if (ref.key_data) return std::string(ref.key());
+  for (std::size_t number = 0; number < storages_by_number_.size(); ++number) {
+    if (storages_by_number_[number] == position + 1) return std::to_string(number);
+  }
+  return "?";
+}
+
 std::size_t Machine::find_storage(std::string_view key) const {
   if (const auto number = storage_number(key); number && *number < storages_by_number_.size()) {
     if (storages_by_number_[*number] != 0) return storages_by_number_[*number] - 1;
@@ -1227,16 +1255,16 @@ std::size_t Machine::find_storage(std::string_view key) const {
   for (std::size_t slot = std::hash<std::string_view>{}(key) & mask; storage_slots_[slot] != 0;
        slot = (slot + 1) & mask) {
     const std::size_t position = storage_slots_[slot] - 1;
-    if (storage_refs_[position].key == key) return position;
+    if (storage_refs_[position].key() == key) return position;
   }
   return kNoValue;
 }
 
 void Machine::index_storage(std::size_t position) {
-  const auto number = storage_number(storage_refs_[position].key);
-  if (number && *number < 2 * storage_refs_.size() + 1024) {
+  const auto number = storage_number(storage_refs_[position].key());
+  if (number && *number < 2 * storage_refs_.size() + 1024 && position < std::numeric_limits<std::uint32_t>::max()) {
     if (*number >= storages_by_number_.size()) storages_by_number_.resize(*number + 1, 0);
-    storages_by_number_[*number] = position + 1;
+    storages_by_number_[*number] = static_cast<std::uint32_t>(position + 1);
     return;
   }
   // Keep the table at most half full, doubling it as needed.
@@ -1253,7 +1281,7 @@ void Machine::index_storage(std::size_t position) {
 
 void Machine::place_hashed_storage(std::size_t position) {
   const std::size_t mask = storage_slots_.size() - 1;
-  std::size_t slot = std::hash<std::string_view>{}(storage_refs_[position].key) & mask;
+  std::size_t slot = std::hash<std::string_view>{}(storage_refs_[position].key()) & mask;
   while (storage_slots_[slot] != 0) slot = (slot + 1) & mask;
   storage_slots_[slot] = position + 1;
 }
@@ -1323,9 +1351,11 @@ Item Machine::storage_item(GlobalRef type, std::string_view key_text, std::strin
   item.vm_only = true;
   if (const std::size_t found = find_storage(key_text); found != kNoValue) {
     const StorageRef& first = storage_refs_[found];
-    if (first.untyped != untyped || first.dtype != dtype || first.numel != count) {
+    // Storage classes are whole-byte dtypes, so equal sizes mean equal counts.
+    const std::uint64_t first_numel = first.storage->nbytes() / dtype_itemsize(first.dtype);
+    if (first.untyped != untyped || first.dtype != dtype || first_numel != count) {
       error(ErrorCode::storage_redeclared, "storage '", key_text, "' was declared as ",
-            first.untyped ? std::string("UntypedStorage") : std::string(dtype_name(first.dtype)), " x ", first.numel,
+            first.untyped ? std::string("UntypedStorage") : std::string(dtype_name(first.dtype)), " x ", first_numel,
             " and now as ", untyped ? std::string("UntypedStorage") : std::string(dtype_name(dtype)), " x ", count);
     }
     item.index = found;
@@ -1346,7 +1376,8 @@ Item Machine::storage_item(GlobalRef type, std::string_view key_text, std::strin
           " bytes, expected ", *nbytes);
   }
   item.index = storage_refs_.size();
-  storage_refs_.push_back({key_text, count, std::move(resolved), dtype, untyped});
+  storage_refs_.push_back({key_text.data(), std::move(resolved), static_cast<std::uint32_t>(key_text.size()), dtype,
+                           untyped});
   index_storage(item.index);
   return item;
 }
@@ -1585,7 +1616,8 @@ Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64
   const std::size_t itemsize = dtype_itemsize(dtype);
   const std::uint64_t storage_bytes = storage_ref.storage->nbytes();
   if (storage_bytes % itemsize != 0) {
-    error(ErrorCode::storage_size_mismatch, "storage '", storage_ref.key, "' of ", storage_bytes,
+    error(ErrorCode::storage_size_mismatch, "storage '",
+          storage_key(static_cast<std::size_t>(&storage_ref - storage_refs_.data())), "' of ", storage_bytes,
           " bytes is not a whole number of ", dtype_name(dtype), " elements");
   }
   const std::uint64_t storage_numel = storage_bytes / itemsize;
@@ -1599,10 +1631,13 @@ Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64
     }
     if (!last || *last >= storage_numel) {
       error(ErrorCode::tensor_out_of_bounds, "the view reaches element ",
-            last ? std::to_string(*last) : std::string("past 2^64"), " of a storage of ", storage_numel, " elements");
+            last ? std::to_string(*last) : std::string("past 2^64"), " of storage '",
+            storage_key(static_cast<std::size_t>(&storage_ref - storage_refs_.data())), "' of ", storage_numel,
+            " elements");
     }
   } else if (offset > storage_numel) {
-    error(ErrorCode::tensor_out_of_bounds, "an empty view at offset ", offset, " of a storage of ", storage_numel,
+    error(ErrorCode::tensor_out_of_bounds, "an empty view at offset ", offset, " of storage '",
+          storage_key(static_cast<std::size_t>(&storage_ref - storage_refs_.data())), "' of ", storage_numel,
           " elements");
   }
   const auto logical_bytes = checked_mul<std::uint64_t>(numel, itemsize);
@@ -1929,7 +1964,14 @@ void Machine::spend() {
     if (at >= begin + spent_ && at < begin + pos_) view = text_copies_.keep(view);
   };
   for (Text& text : texts_) copy_if_spent(text.text);
-  for (; keys_copied_ < storage_refs_.size(); ++keys_copied_) copy_if_spent(storage_refs_[keys_copied_].key);
+  // A key found by its number is never compared again; storage_key rebuilds
+  // it for a message.
+  for (; keys_copied_ < storage_refs_.size(); ++keys_copied_) {
+    StorageRef& ref = storage_refs_[keys_copied_];
+    std::string_view key = found_by_number(keys_copied_) ? std::string_view() : ref.key();
+    copy_if_spent(key);
+    ref.set_key(key);
+  }
   spent_ = pos_;
   next_spend_at_ = pos_ + kSpendEveryBytes;
   options_.on_spent(spent_);

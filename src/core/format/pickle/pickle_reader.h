@@ -75,7 +75,7 @@ struct PickleOptions {
   // inputs are refused, and with which code, is the same either way; a
   // message may then name a dropped tensor's kind as none.
   bool drop_tensors = false;
-  // Called every MiB or so of a zip archive's pickle with a count of bytes
+  // Called every 256 KiB or so of a zip archive's pickle with a count of bytes
   // from its start that the VM has left behind for good: it will not read
   // them again, and neither it nor the Value it returns keeps a view into
   // them (the strings and storage keys it still needs there are copied out
