@@ -1211,7 +1211,9 @@ TEST(PickleReader, DroppingTensorsRefusesWhatReadingRefusesWithTheSameCode) {
   cases[7].first.str("_metadata").empty_dict().str("w").tensor("FloatStorage", "0", 1, 0, {}, {});
   cases[7].first.setitems().build().stop();
   cases[7].second = ErrorCode::pickle_build_forbidden;
-  for (const auto& [pickle, code] : cases) {
+  for (const auto& test_case : cases) {  // not a structured binding: lambdas capture it (clang 14)
+    const PickleBuilder& pickle = test_case.first;
+    const ErrorCode code = test_case.second;
     EXPECT_ERROR_CODE(read(pickle), code);
     EXPECT_ERROR_CODE(read(pickle, Limits{}, drop), code);
   }
