@@ -1048,6 +1048,19 @@ TEST(PickleReader, BytesReportedSpentAreNeverReadAgain) {
   EXPECT_EQ(root.at("w39999").as_tensor().sizes, (std::vector<std::int64_t>{2, 3}));
 }
 
+TEST(PickleReader, FrequentSpentReportsReadTheSame) {
+  // A report every 100 bytes: views into spent bytes are copied out in the
+  // middle of tensors, tuples and memoized groups.
+  PickleOptions often;
+  often.spend_every_bytes = 100;
+  for (const PickleBuilder& pickle : {late_references_state(3000), memo_heavy_state(3000)}) {
+    const std::vector<std::byte> bytes = pickle.bytes();
+    const SpentRead zeroed = read_zeroing_spent(bytes, often);
+    EXPECT_GE(zeroed.reports.size(), bytes.size() / 100 / 2);
+    EXPECT_TRUE(render(zeroed.result.root) == render(read(pickle).root));
+  }
+}
+
 TEST(PickleReader, AMessageNamesAStorageWhoseKeyBytesAreSpent) {
   // Views past their storage's end, declared after the storages' keys went
   // with the spent bytes: the message still names each storage by its key

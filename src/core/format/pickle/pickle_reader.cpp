@@ -379,8 +379,6 @@ class TextCopies {
   std::size_t used_ = 0;
 };
 
-// How far the VM gets between reports of spent pickle bytes.
-constexpr std::size_t kSpendEveryBytes = std::size_t{256} << 10;
 
 // 128-bit keyed fingerprints (two SipHash-2-4 under secret keys), in an
 // open-addressing table at most half full: 32 bytes per entry. Two different
@@ -559,6 +557,7 @@ class Machine {
   Item storage_item(GlobalRef type, std::string_view key_text, std::string_view location, std::int64_t numel);
   bool try_tensor_fast_path();
   void spend();
+  std::size_t spend_every() const { return std::max<std::size_t>(options_.spend_every_bytes, 1); }
   std::size_t find_storage(std::string_view key) const;
   void index_storage(std::size_t position);
   std::optional<std::uint64_t> storage_number(std::string_view key) const;
@@ -1973,7 +1972,7 @@ void Machine::spend() {
     ref.set_key(key);
   }
   spent_ = pos_;
-  next_spend_at_ = pos_ + kSpendEveryBytes;
+  next_spend_at_ = pos_ + spend_every();
   options_.on_spent(spent_);
 }
 
@@ -1996,7 +1995,7 @@ PickleResult Machine::run() {
     }
   }
   if (!allow_trailing_bytes_) reserve_for_dense_state_dict();
-  if (options_.on_spent && keep_fetched_only_ && !allow_trailing_bytes_) next_spend_at_ = kSpendEveryBytes;
+  if (options_.on_spent && keep_fetched_only_ && !allow_trailing_bytes_) next_spend_at_ = spend_every();
   for (;;) {
     if (pos_ >= next_spend_at_) spend();
     op_offset_ = pos_;

@@ -75,7 +75,7 @@ struct PickleOptions {
   // inputs are refused, and with which code, is the same either way; a
   // message may then name a dropped tensor's kind as none.
   bool drop_tensors = false;
-  // Called every 256 KiB or so of a zip archive's pickle with a count of bytes
+  // Called every spend_every_bytes of a zip archive's pickle with a count of bytes
   // from its start that the VM has left behind for good: it will not read
   // them again, and neither it nor the Value it returns keeps a view into
   // them (the strings and storage keys it still needs there are copied out
@@ -84,6 +84,10 @@ struct PickleOptions {
   // every memo entry kept, any string may be fetched again); never for a
   // stream with trailing bytes. Empty: nothing is reported.
   std::function<void(std::size_t spent_bytes)> on_spent;
+  // How many bytes the VM reads between two on_spent reports (at least 1).
+  // Each report copies out what the VM still views in the spent bytes, so
+  // small values are for tests and fuzzing.
+  std::size_t spend_every_bytes = std::size_t{256} << 10;
 };
 
 struct PickleResult {
