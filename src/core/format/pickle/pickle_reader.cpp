@@ -34,8 +34,8 @@
 #include <charconv>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <new>
 #include <optional>
 #include <unordered_map>
@@ -379,7 +379,6 @@ class TextCopies {
   std::size_t used_ = 0;
 };
 
-
 // 128-bit keyed fingerprints (two SipHash-2-4 under secret keys), in an
 // open-addressing table at most half full: 32 bytes per entry. Two different
 // inputs share a fingerprint with probability about 2^-128 per pair, and a
@@ -563,6 +562,9 @@ class Machine {
   std::optional<std::uint64_t> storage_number(std::string_view key) const;
   bool found_by_number(std::size_t position) const;
   std::string storage_key(std::size_t position) const;
+  std::string storage_key(const StorageRef& ref) const {
+    return storage_key(static_cast<std::size_t>(&ref - storage_refs_.data()));
+  }
   void place_hashed_storage(std::size_t position);
 
   // ---- callables ----
@@ -1616,7 +1618,7 @@ Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64
   const std::uint64_t storage_bytes = storage_ref.storage->nbytes();
   if (storage_bytes % itemsize != 0) {
     error(ErrorCode::storage_size_mismatch, "storage '",
-          storage_key(static_cast<std::size_t>(&storage_ref - storage_refs_.data())), "' of ", storage_bytes,
+          storage_key(storage_ref), "' of ", storage_bytes,
           " bytes is not a whole number of ", dtype_name(dtype), " elements");
   }
   const std::uint64_t storage_numel = storage_bytes / itemsize;
@@ -1631,12 +1633,12 @@ Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64
     if (!last || *last >= storage_numel) {
       error(ErrorCode::tensor_out_of_bounds, "the view reaches element ",
             last ? std::to_string(*last) : std::string("past 2^64"), " of storage '",
-            storage_key(static_cast<std::size_t>(&storage_ref - storage_refs_.data())), "' of ", storage_numel,
+            storage_key(storage_ref), "' of ", storage_numel,
             " elements");
     }
   } else if (offset > storage_numel) {
     error(ErrorCode::tensor_out_of_bounds, "an empty view at offset ", offset, " of storage '",
-          storage_key(static_cast<std::size_t>(&storage_ref - storage_refs_.data())), "' of ", storage_numel,
+          storage_key(storage_ref), "' of ", storage_numel,
           " elements");
   }
   const auto logical_bytes = checked_mul<std::uint64_t>(numel, itemsize);
