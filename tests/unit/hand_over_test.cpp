@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -309,6 +310,118 @@ TEST(SpentPages, AMismatchedDigestIsStillRefusedWithItsCode) {
   LoadOptions options;
   options.expected_sha256 = Sha256::of(std::span<const std::byte>{});  // the empty file's
   EXPECT_ERROR_CODE(load_checkpoint_mapping(dir / "m.pt", options), ErrorCode::sha256_mismatch);
+}
+
+// ---- huge pages for large buffers (io::Buffer::allocate) ---------------------------------
+
+constexpr std::size_t kHuge = std::size_t{2} << 20;
+
+TEST(FreeHugeBlocks, CountsOnlyBlocksOfAtLeastTheBlockSize) {
+  // Orders 0..10 of 4 KiB pages: order 9 is 2 MiB, order 10 is 4 MiB.
+  const std::string buddyinfo =
+      "Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3\n"
+      "Node 0, zone    DMA32      4      1      2      2      2      2      1      4      4      2    752\n"
+      "Node 0, zone   Normal  14611   6449   3339   1617    900   6299   3987   2289   1051    287   3483\n";
+  const std::uint64_t expected = (1 + 2 + 287) * std::uint64_t{kHuge} + (3 + 752 + 3483) * std::uint64_t{2 * kHuge};
+  EXPECT_EQ(io::free_bytes_in_blocks_of(buddyinfo, kHuge, 4096), expected);
+  // Order 10 only.
+  EXPECT_EQ(io::free_bytes_in_blocks_of(buddyinfo, 2 * kHuge, 4096), (3 + 752 + 3483) * std::uint64_t{2 * kHuge});
+  // Every block counts when the block asked for is one page.
+  EXPECT_GT(io::free_bytes_in_blocks_of(buddyinfo, 4096, 4096), expected);
+}
+
+TEST(FreeHugeBlocks, TextItCannotReadCountsNothing) {
+  EXPECT_EQ(io::free_bytes_in_blocks_of("", kHuge, 4096), 0u);
+  EXPECT_EQ(io::free_bytes_in_blocks_of("no zones here\n1 2 3 4 5 6 7 8 9 10 11\n", kHuge, 4096), 0u);
+  // A zone line cut short before order 9 has no huge blocks.
+  EXPECT_EQ(io::free_bytes_in_blocks_of("Node 0, zone Normal 5 5 5 5 5 5 5 5 5\n", kHuge, 4096), 0u);
+  // A count that is not a number ends the line.
+  EXPECT_EQ(io::free_bytes_in_blocks_of("Node 0, zone Normal 1 1 1 1 1 1 1 1 1 x 7\n", kHuge, 4096), 0u);
+}
+
+// The mapping of /proc/self/smaps that holds `address`: its "Rss:" and
+// "AnonHugePages:" in KiB.
+struct Residency {
+  std::uint64_t rss_kib = 0, anon_huge_kib = 0;
+  bool found = false;
+};
+
+Residency residency_of(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  Residency out;
+  bool inside = false;
+  std::string line;
+  while (std::getline(smaps, line)) {
+    unsigned long long begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) {
+      if (inside) break;
+      inside = at >= begin && at < end;
+      out.found = out.found || inside;
+      continue;
+    }
+    if (!inside) continue;
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "Rss: %llu kB", &kib) == 1) out.rss_kib = kib;
+    if (std::sscanf(line.c_str(), "AnonHugePages: %llu kB", &kib) == 1) out.anon_huge_kib = kib;
+  }
+  return out;
+}
+
+bool huge_pages_enabled() {
+  std::ifstream enabled("/sys/kernel/mm/transparent_hugepage/enabled");
+  const std::string modes((std::istreambuf_iterator<char>(enabled)), std::istreambuf_iterator<char>());
+  return !modes.empty() && modes.find("[never]") == std::string::npos;
+}
+
+TEST(LargeBuffer, EveryByteIsItsOwnAndTheResidentSizeIsNotRoundedUp) {
+  // Four whole huge pages and a partial one: large enough for huge pages.
+  const std::size_t size = 4 * kHuge + kHuge / 2 + 123;
+  const auto buffer = io::Buffer::allocate(size);
+  ASSERT_EQ(buffer->size(), size);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer->data()) % kPage, 0u);
+  for (std::size_t i = 0; i < size; ++i) buffer->data()[i] = static_cast<std::byte>(i * 7 + 1);
+  for (std::size_t i = 0; i < size; i += 4099) {
+    ASSERT_EQ(buffer->data()[i], static_cast<std::byte>(i * 7 + 1)) << "at " << i;
+  }
+  EXPECT_EQ(buffer->data()[size - 1], static_cast<std::byte>((size - 1) * 7 + 1));
+  const Residency resident = residency_of(buffer->data());
+  ASSERT_TRUE(resident.found);
+  // The mapping holds the buffer's pages and nothing more: the partial huge
+  // page at the end is not rounded up to a whole one.
+  EXPECT_LE(resident.rss_kib * 1024, (size + kPage - 1) / kPage * kPage);
+  EXPECT_LE(resident.anon_huge_kib * 1024, 4 * kHuge);
+}
+
+TEST(LargeBuffer, ItGetsHugePagesWhenTheKernelHasThemFree) {
+  const std::size_t size = 16 * kHuge;
+  std::ifstream file("/proc/buddyinfo");
+  const std::string buddyinfo((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // Ample room, so that another process taking some meanwhile changes nothing.
+  if (!huge_pages_enabled() || io::free_bytes_in_blocks_of(buddyinfo, kHuge, kPage) < 8 * size) {
+    GTEST_SKIP() << "transparent huge pages off or too few free huge blocks here";
+  }
+  const auto buffer = io::Buffer::allocate(size);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer->data()) % kHuge, 0u) << "not on a huge-page boundary";
+  std::memset(buffer->data(), 0x5A, size);
+  const Residency resident = residency_of(buffer->data());
+  ASSERT_TRUE(resident.found);
+  EXPECT_GT(resident.anon_huge_kib, 0u) << "no huge page backs a 32 MiB buffer";
+  // A released range inside a huge page reads as zeros; its neighbours keep
+  // their bytes.
+  io::release_whole_pages(buffer->data() + kHuge + kPage, 3 * kPage);
+  EXPECT_EQ(buffer->data()[kHuge + kPage], std::byte{0});
+  EXPECT_EQ(buffer->data()[kHuge + 4 * kPage - 1], std::byte{0});
+  EXPECT_EQ(buffer->data()[kHuge + kPage - 1], std::byte{0x5A});
+  EXPECT_EQ(buffer->data()[kHuge + 4 * kPage], std::byte{0x5A});
+}
+
+TEST(LargeBuffer, SmallBuffersStayInSmallPages) {
+  const auto buffer = io::Buffer::allocate(kHuge + 1);
+  std::memset(buffer->data(), 1, buffer->size());
+  const Residency resident = residency_of(buffer->data());
+  ASSERT_TRUE(resident.found);
+  EXPECT_EQ(resident.anon_huge_kib, 0u);
 }
 
 }  // namespace

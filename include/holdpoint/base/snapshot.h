@@ -22,16 +22,24 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "holdpoint/base/sha256.h"
 
 namespace holdpoint::io {
 
-// Page-aligned private memory (an anonymous mapping). Huge pages are not
-// requested: with the kernel's default defrag policy, MADV_HUGEPAGE makes the
-// first touch compact memory synchronously, measured 4x slower than 4 KiB
-// faults on this project's machines, and in a virtual machine it varied from
-// 2x faster to 3x slower between runs. Nor is the file mapped privately and
+// Page-aligned private memory (an anonymous mapping). A buffer of 8 MiB or
+// more starts on a huge-page boundary and asks for transparent huge pages
+// (MADV_HUGEPAGE) over its whole huge pages, but only while the kernel's free
+// lists hold twice its size in free huge blocks (free_bytes_in_blocks_of on
+// /proc/buddyinfo). Filling fresh 4 KiB pages costs a fault, an allocation
+// and a zeroing per page, and was the largest cost of a load after SHA-256: an
+// 80 MiB read into huge pages took 20 ms here against 70 ms. Without free
+// huge blocks, MADV_HUGEPAGE makes the first touch compact memory
+// synchronously, which measured up to 4x slower than small pages, so the
+// buffer then stays in small pages. The partial huge page at the end stays
+// in small pages too, so the resident size is the buffer's, not rounded up.
+// Nor is the file mapped privately and
 // copied on write (MADV_POPULATE_WRITE): 10-20 % faster to fill, but the
 // mapping keeps the file's inode, so a generation that retention deletes would
 // hold its disk space for as long as any tensor views the snapshot.
@@ -62,6 +70,12 @@ class Buffer {
 // mapping, as the file) afterwards. For bytes of a Buffer nothing will read
 // again; a range without a whole page is left alone.
 void release_whole_pages(const std::byte* data, std::size_t size) noexcept;
+
+// The bytes that `buddyinfo` (the text of /proc/buddyinfo: per zone, the
+// count of free blocks of 2^k pages of `page` bytes, for k = 0, 1, ...)
+// counts in free blocks of at least `block` bytes. Lines it cannot read add
+// nothing.
+std::uint64_t free_bytes_in_blocks_of(std::string_view buddyinfo, std::size_t block, std::size_t page);
 
 struct Snapshot {
   std::shared_ptr<Buffer> buffer;
