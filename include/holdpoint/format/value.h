@@ -276,7 +276,10 @@ class Dict {
  private:
   template <typename Key>
   std::ptrdiff_t position_of(const Key& key) const;
-  void index_entry(std::uint32_t position);
+  // The same, in an indexed dict, with the key's hash already known.
+  template <typename Key>
+  std::ptrdiff_t indexed_position_of(const Key& key, std::uint64_t hash) const;
+  void index_entry(std::uint32_t position, std::uint64_t hash);
   void rebuild_index();
 
   std::vector<Entry> entries_;

@@ -285,6 +285,20 @@ bool is_quantized_storage_class(std::string_view name) {
 std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* data, std::size_t size,
                                                                std::uint64_t max_entries) {
   std::vector<std::uint64_t> fetched;
+  // torch.save fetches the same few entries (the rebuild global, 'storage',
+  // the storage class, the location) for every tensor: a small direct-mapped
+  // table of indices already collected keeps those repeats out of the list,
+  // which otherwise grows by four per tensor and is sorted again and again.
+  struct {
+    std::array<std::uint64_t, 256> slots;
+    bool seen(std::uint64_t index) {
+      std::uint64_t& slot = slots[index & 255];
+      if (slot == index) return true;
+      slot = index;
+      return false;
+    }
+  } recently_fetched;
+  recently_fetched.slots.fill(UINT64_MAX);
   std::size_t deduplicate_at = std::size_t{1} << 16;
   const auto deduplicate = [&fetched] {
     std::sort(fetched.begin(), fetched.end());
@@ -335,7 +349,7 @@ std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* 
       case op::BINGET: case op::LONG_BINGET: {
         const auto index = le(code == op::BINGET ? 1 : 4);
         ok = index.has_value();
-        if (ok && *index < max_entries) {
+        if (ok && *index < max_entries && !recently_fetched.seen(*index)) {
           fetched.push_back(*index);
           if (fetched.size() >= deduplicate_at) {
             deduplicate();

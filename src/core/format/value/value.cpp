@@ -253,9 +253,9 @@ bool key_equals(const DictKey& stored, const DictKey& key) { return stored == ke
 
 }  // namespace
 
-void Dict::index_entry(std::uint32_t position) {
+void Dict::index_entry(std::uint32_t position, std::uint64_t hash) {
   const std::size_t mask = slots_.size() - 1;
-  std::size_t slot = key_hash(entries_[position].first) & mask;
+  std::size_t slot = hash & mask;
   while (slots_[slot] != 0) slot = (slot + 1) & mask;
   slots_[slot] = position + 1;
 }
@@ -264,7 +264,17 @@ void Dict::rebuild_index() {
   std::size_t capacity = 64;
   while (capacity < 2 * entries_.size()) capacity *= 2;
   slots_.assign(capacity, 0);
-  for (std::size_t i = 0; i < entries_.size(); ++i) index_entry(static_cast<std::uint32_t>(i));
+  for (std::size_t i = 0; i < entries_.size(); ++i) index_entry(static_cast<std::uint32_t>(i), key_hash(entries_[i].first));
+}
+
+template <typename Key>
+std::ptrdiff_t Dict::indexed_position_of(const Key& key, std::uint64_t hash) const {
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t slot = hash & mask; slots_[slot] != 0; slot = (slot + 1) & mask) {
+    const std::uint32_t position = slots_[slot] - 1;
+    if (key_equals(entries_[position].first, key)) return position;
+  }
+  return -1;
 }
 
 template <typename Key>
@@ -275,12 +285,7 @@ std::ptrdiff_t Dict::position_of(const Key& key) const {
     }
     return -1;
   }
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t slot = key_hash(key) & mask; slots_[slot] != 0; slot = (slot + 1) & mask) {
-    const std::uint32_t position = slots_[slot] - 1;
-    if (key_equals(entries_[position].first, key)) return position;
-  }
-  return -1;
+  return indexed_position_of(key, key_hash(key));
 }
 
 const Value* Dict::find(const DictKey& key) const {
@@ -305,7 +310,9 @@ const Value& Dict::at(const DictKey& key) const {
 }
 
 bool Dict::insert(DictKey key, Value value) {
-  if (position_of(key) >= 0) return false;
+  // Hashed once, for the lookup and for the index.
+  const std::uint64_t hash = slots_.empty() ? 0 : key_hash(key);
+  if ((slots_.empty() ? position_of(key) : indexed_position_of(key, hash)) >= 0) return false;
   if (entries_.size() >= UINT32_MAX - 1) fail(ErrorCode::invalid_argument, "dict is full");
   entries_.emplace_back(std::move(key), std::move(value));
   // The index is maintained here, never by lookups, so that const access
@@ -315,7 +322,7 @@ bool Dict::insert(DictKey key, Value value) {
     if (slots_.size() < 2 * entries_.size()) {
       rebuild_index();
     } else {
-      index_entry(static_cast<std::uint32_t>(entries_.size() - 1));
+      index_entry(static_cast<std::uint32_t>(entries_.size() - 1), hash);
     }
   }
   return true;
