@@ -39,10 +39,13 @@ namespace holdpoint::io {
 // synchronously, which measured up to 4x slower than small pages, so the
 // buffer then stays in small pages. The partial huge page at the end stays
 // in small pages too, so the resident size is the buffer's, not rounded up.
-// Nor is the file mapped privately and
-// copied on write (MADV_POPULATE_WRITE): 10-20 % faster to fill, but the
-// mapping keeps the file's inode, so a generation that retention deletes would
-// hold its disk space for as long as any tensor views the snapshot.
+// In a guest whose balloon driver reports free memory to the host, a huge
+// page taken from reported blocks waits for the host on first touch, so
+// fresh-process figures spread more (docs/format.md §11). The file is not
+// mapped privately and copied on write (MADV_POPULATE_WRITE) instead: 10-20 %
+// faster to fill, but the mapping keeps the file's inode, so a generation
+// that retention deletes would hold its disk space for as long as any tensor
+// views the snapshot.
 class Buffer {
  public:
   static std::shared_ptr<Buffer> allocate(std::size_t size);
