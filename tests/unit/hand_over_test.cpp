@@ -368,10 +368,18 @@ Residency residency_of(const void* address) {
   return out;
 }
 
+std::string text_of(const std::string& path) {
+  std::ifstream file(path);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+// Transparent huge pages of 2 MiB are on, for madvised memory at least.
 bool huge_pages_enabled() {
-  std::ifstream enabled("/sys/kernel/mm/transparent_hugepage/enabled");
-  const std::string modes((std::istreambuf_iterator<char>(enabled)), std::istreambuf_iterator<char>());
-  return !modes.empty() && modes.find("[never]") == std::string::npos;
+  const std::string modes = text_of("/sys/kernel/mm/transparent_hugepage/enabled");
+  const std::string size_modes = text_of("/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/enabled");
+  return !modes.empty() && modes.find("[never]") == std::string::npos &&
+         size_modes.find("[never]") == std::string::npos &&
+         text_of("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").rfind("2097152", 0) == 0;
 }
 
 TEST(LargeBuffer, EveryByteIsItsOwnAndTheResidentSizeIsNotRoundedUp) {

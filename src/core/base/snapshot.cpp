@@ -59,6 +59,11 @@ std::size_t transparent_huge_page_bytes() {
   std::ifstream size_file("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
   std::size_t bytes = 0;
   if (!(size_file >> bytes) || bytes == 0 || (bytes & (bytes - 1)) != 0) return 0;
+  // Kernels from 6.8 on can turn one size off on its own.
+  std::ifstream per_size("/sys/kernel/mm/transparent_hugepage/hugepages-" + std::to_string(bytes / 1024) +
+                         "kB/enabled");
+  const std::string size_modes((std::istreambuf_iterator<char>(per_size)), std::istreambuf_iterator<char>());
+  if (size_modes.find("[never]") != std::string::npos) return 0;
   return bytes;
 }
 
