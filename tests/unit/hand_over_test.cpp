@@ -403,8 +403,7 @@ TEST(LargeBuffer, EveryByteIsItsOwnAndTheResidentSizeIsNotRoundedUp) {
 
 TEST(LargeBuffer, ItGetsHugePagesWhenTheKernelHasThemFree) {
   const std::size_t size = 16 * kHuge;
-  std::ifstream file("/proc/buddyinfo");
-  const std::string buddyinfo((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::string buddyinfo = text_of("/proc/buddyinfo");
   // Ample room, so that another process taking some meanwhile changes nothing.
   if (!huge_pages_enabled() || io::free_bytes_in_blocks_of(buddyinfo, kHuge, kPage) < 8 * size) {
     GTEST_SKIP() << "transparent huge pages off or too few free huge blocks here";

@@ -50,20 +50,24 @@ std::size_t read_fully(int fd, std::byte* out, std::size_t size, const std::file
   return done;
 }
 
+// The whole text of a small kernel file; empty when it cannot be read.
+std::string file_text(const char* path) {
+  std::ifstream file(path);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
 // Transparent huge pages: the size the kernel maps anonymous memory with
 // (hpage_pmd_size), or 0 when they are off.
 std::size_t transparent_huge_page_bytes() {
-  std::ifstream enabled("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string modes((std::istreambuf_iterator<char>(enabled)), std::istreambuf_iterator<char>());
+  const std::string modes = file_text("/sys/kernel/mm/transparent_hugepage/enabled");
   if (modes.find("[never]") != std::string::npos || modes.empty()) return 0;
   std::ifstream size_file("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
   std::size_t bytes = 0;
   if (!(size_file >> bytes) || bytes == 0 || (bytes & (bytes - 1)) != 0) return 0;
   // Kernels from 6.8 on can turn one size off on its own.
-  std::ifstream per_size("/sys/kernel/mm/transparent_hugepage/hugepages-" + std::to_string(bytes / 1024) +
-                         "kB/enabled");
-  const std::string size_modes((std::istreambuf_iterator<char>(per_size)), std::istreambuf_iterator<char>());
-  if (size_modes.find("[never]") != std::string::npos) return 0;
+  const std::string per_size =
+      "/sys/kernel/mm/transparent_hugepage/hugepages-" + std::to_string(bytes / 1024) + "kB/enabled";
+  if (file_text(per_size.c_str()).find("[never]") != std::string::npos) return 0;
   return bytes;
 }
 
@@ -78,9 +82,7 @@ std::size_t huge_page_bytes_for(std::size_t size) {
   static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   static const std::size_t huge = transparent_huge_page_bytes();
   if (huge == 0 || size < kHugePageMinimumBytes) return 0;
-  std::ifstream file("/proc/buddyinfo");
-  const std::string buddyinfo((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  return free_bytes_in_blocks_of(buddyinfo, huge, page) >= 2 * std::uint64_t{size} ? huge : 0;
+  return free_bytes_in_blocks_of(file_text("/proc/buddyinfo"), huge, page) >= 2 * std::uint64_t{size} ? huge : 0;
 }
 
 }  // namespace
