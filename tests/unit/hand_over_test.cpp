@@ -382,6 +382,15 @@ bool huge_pages_enabled() {
          text_of("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").rfind("2097152", 0) == 0;
 }
 
+// A buffer that will get huge pages for every whole huge page it has, or
+// nullptr where this machine cannot give them (the test then skips).
+std::shared_ptr<io::Buffer> buffer_in_huge_pages(std::size_t size) {
+  const std::string buddyinfo = text_of("/proc/buddyinfo");
+  // Ample room, so that another process taking some meanwhile changes nothing.
+  if (!huge_pages_enabled() || io::free_bytes_in_blocks_of(buddyinfo, kHuge, kPage) < 8 * size) return nullptr;
+  return io::Buffer::allocate(size);
+}
+
 TEST(LargeBuffer, EveryByteIsItsOwnAndTheResidentSizeIsNotRoundedUp) {
   // Four whole huge pages and a partial one: large enough for huge pages.
   const std::size_t size = 4 * kHuge + kHuge / 2 + 123;
@@ -403,12 +412,9 @@ TEST(LargeBuffer, EveryByteIsItsOwnAndTheResidentSizeIsNotRoundedUp) {
 
 TEST(LargeBuffer, ItGetsHugePagesWhenTheKernelHasThemFree) {
   const std::size_t size = 16 * kHuge;
-  const std::string buddyinfo = text_of("/proc/buddyinfo");
-  // Ample room, so that another process taking some meanwhile changes nothing.
-  if (!huge_pages_enabled() || io::free_bytes_in_blocks_of(buddyinfo, kHuge, kPage) < 8 * size) {
-    GTEST_SKIP() << "transparent huge pages off or too few free huge blocks here";
-  }
-  const auto buffer = io::Buffer::allocate(size);
+  const auto buffer = buffer_in_huge_pages(size);
+  if (!buffer) GTEST_SKIP() << "transparent huge pages off or too few free huge blocks here";
+  EXPECT_EQ(buffer->huge_page_bytes(), kHuge);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer->data()) % kHuge, 0u) << "not on a huge-page boundary";
   std::memset(buffer->data(), 0x5A, size);
   const Residency resident = residency_of(buffer->data());
@@ -423,12 +429,55 @@ TEST(LargeBuffer, ItGetsHugePagesWhenTheKernelHasThemFree) {
   EXPECT_EQ(buffer->data()[kHuge + 4 * kPage], std::byte{0x5A});
 }
 
+TEST(LargeBuffer, HugePagesThatFillTooSlowlyHandTheRestToSmallPages) {
+  const std::size_t size = 16 * kHuge;
+  const auto buffer = buffer_in_huge_pages(size);
+  if (!buffer) GTEST_SKIP() << "transparent huge pages off or too few free huge blocks here";
+  ASSERT_EQ(buffer->huge_page_bytes(), kHuge);
+  // No fill is fast enough for this bound: the first range is the last in
+  // huge pages.
+  buffer->populate(0, kHuge / 8, 1e30);
+  EXPECT_EQ(buffer->huge_page_bytes(), 0u);
+  buffer->populate(kHuge / 8, size - kHuge / 8, 1e30);
+  std::memset(buffer->data(), 0x33, size);
+  // MADV_NOHUGEPAGE splits the mapping: the rest is a mapping of its own.
+  const Residency first = residency_of(buffer->data());
+  const Residency rest = residency_of(buffer->data() + kHuge);
+  ASSERT_TRUE(first.found && rest.found);
+  EXPECT_LE(first.anon_huge_kib * 1024, kHuge);
+  EXPECT_EQ(rest.anon_huge_kib, 0u) << "the pages after the first huge one are still huge";
+  EXPECT_GE(rest.rss_kib * 1024, size - kHuge);
+  EXPECT_EQ(buffer->data()[size - 1], std::byte{0x33});
+}
+
+TEST(LargeBuffer, HugePagesThatFillFastEnoughStay) {
+  const std::size_t size = 16 * kHuge;
+  const auto buffer = buffer_in_huge_pages(size);
+  if (!buffer) GTEST_SKIP() << "transparent huge pages off or too few free huge blocks here";
+  // Every fill is fast enough for this bound, in range after range.
+  for (std::size_t at = 0; at < size; at += 3 * kHuge) buffer->populate(at, 3 * kHuge, 0);
+  EXPECT_EQ(buffer->huge_page_bytes(), kHuge);
+  const Residency resident = residency_of(buffer->data() + size - 1);
+  ASSERT_TRUE(resident.found);
+  EXPECT_GT(resident.anon_huge_kib * 1024, kHuge) << "one huge page at most in a 32 MiB buffer";
+}
+
+TEST(LargeBuffer, PopulateStopsAtTheBufferEnd) {
+  const auto buffer = io::Buffer::allocate(kHuge + 100);
+  buffer->populate(kHuge, 10 * kHuge);  // clamped to the buffer's 100 last bytes
+  buffer->populate(kHuge + 100, kHuge);  // past the end: nothing
+  buffer->data()[kHuge + 99] = std::byte{7};
+  EXPECT_EQ(buffer->data()[kHuge + 99], std::byte{7});
+  EXPECT_EQ(buffer->data()[kHuge], std::byte{0});
+}
+
 TEST(LargeBuffer, SmallBuffersStayInSmallPages) {
   // With THP on for all memory, the kernel may back any aligned 2 MiB itself.
   if (text_of("/sys/kernel/mm/transparent_hugepage/enabled").find("[always]") != std::string::npos) {
     GTEST_SKIP() << "transparent huge pages are on for all memory here";
   }
   const auto buffer = io::Buffer::allocate(kHuge + 1);
+  EXPECT_EQ(buffer->huge_page_bytes(), 0u);
   std::memset(buffer->data(), 1, buffer->size());
   const Residency resident = residency_of(buffer->data());
   ASSERT_TRUE(resident.found);

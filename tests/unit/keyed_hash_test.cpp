@@ -65,5 +65,35 @@ TEST(SipHash, TheProcessKeyIsDrawnOnceAndIsNotZero) {
   EXPECT_NE(keyed_hash("layer0.weight"), siphash24(reference_key(), "layer0.weight", 13));
 }
 
+TEST(SlotCode, APositionComesBackAndTheTagIsTheHashsTopBits) {
+  const SlotCode code(std::size_t{1} << 19);  // 19 position bits, a 13-bit tag
+  const std::uint64_t hash = 0xABCD'0000'0000'1234;
+  for (std::uint32_t position : {0u, 1u, 200000u, (1u << 18) - 1}) {
+    const std::uint32_t slot = code.encode(position, hash);
+    EXPECT_NE(slot, 0u) << "a used slot reads as free";
+    EXPECT_EQ(code.position(slot), position);
+    EXPECT_EQ(slot >> 19, 0xABCDu >> 3);
+    EXPECT_TRUE(code.may_hold(slot, hash));
+    // The low bits choose the slot, so a hash that differs only there keeps
+    // the tag; one that differs in the top bits does not.
+    EXPECT_TRUE(code.may_hold(slot, hash ^ 0xFFFF));
+    EXPECT_FALSE(code.may_hold(slot, hash ^ (std::uint64_t{1} << 63)));
+    EXPECT_FALSE(code.may_hold(slot, hash ^ (std::uint64_t{1} << 51)));
+  }
+}
+
+TEST(SlotCode, SmallestAndLargestTables) {
+  const SlotCode small(16);  // 4 position bits, a 28-bit tag
+  const std::uint64_t hash = ~std::uint64_t{0};
+  EXPECT_EQ(small.position(small.encode(7, hash)), 7u);
+  EXPECT_EQ(small.encode(7, hash) >> 4, (1u << 28) - 1);
+  // 2^32 slots and more leave no room for a tag: every slot may hold any key.
+  const SlotCode huge(std::size_t{1} << 33);
+  EXPECT_EQ(huge.encode(0xFFFF'FFFD, hash), 0xFFFF'FFFEu);
+  EXPECT_EQ(huge.position(0xFFFF'FFFEu), 0xFFFF'FFFDu);
+  EXPECT_TRUE(huge.may_hold(1, hash));
+  EXPECT_TRUE(huge.may_hold(1, 0));
+}
+
 }  // namespace
 }  // namespace holdpoint::detail

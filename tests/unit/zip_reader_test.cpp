@@ -208,7 +208,10 @@ TEST(ZipReaderRoundTrip, FindSurvivesAnIndexEditedByHand) {
   // past `entries`.
   archive.record_order.assign(archive.record_order.size(), 1);
   EXPECT_EQ(archive.find("data/9"), nullptr);
-  EXPECT_EQ(archive.find(archive.entries[0].record()), &archive.entries[0]);
+  // Every slot names entry 0, under a tag that matches a hash or not.
+  const ZipEntry* first = archive.find(archive.entries[0].record());
+  EXPECT_TRUE(first == nullptr || first == &archive.entries[0]);
+  EXPECT_EQ(archive.find(archive.entries[1].record()), nullptr);
   archive.record_order.assign(archive.record_order.size(), 1000);
   EXPECT_EQ(archive.find("data/1"), nullptr);
 }

@@ -40,8 +40,10 @@ namespace holdpoint::io {
 // buffer then stays in small pages. The partial huge page at the end stays
 // in small pages too, so the resident size is the buffer's, not rounded up.
 // In a guest whose balloon driver reports free memory to the host, a huge
-// page taken from reported blocks waits for the host on first touch, so
-// fresh-process figures spread more (docs/format.md §11). The file is not
+// page taken from reported blocks waits for the host on first touch: 2 MiB
+// then took 3-7 ms here, 10-30x a warm one and 2-7x as long as 512 small
+// pages. populate() measures that and moves the rest of the buffer to small
+// pages when it happens (docs/format.md §11). The file is not
 // mapped privately and copied on write (MADV_POPULATE_WRITE) instead: 10-20 %
 // faster to fill, but the mapping keeps the file's inode, so a generation
 // that retention deletes would hold its disk space for as long as any tensor
@@ -61,11 +63,33 @@ class Buffer {
   std::size_t size() const noexcept { return size_; }
   std::span<std::byte> bytes() noexcept { return {data_, size_}; }
 
+  // The least rate, in bytes per second, at which populate() accepts fresh
+  // huge pages: 2 MiB per millisecond. Warm huge pages fill at 5-12 GB/s
+  // here and small pages at 1.6-2 GB/s; huge pages the host must first bring
+  // back fill at 0.3-1 GB/s.
+  static constexpr double kSlowestHugePageFill = 2e9;
+
+  // Faults in [offset, offset + size) for writing, in one call per range
+  // (MADV_POPULATE_WRITE; kernels before 5.14 ignore it and the pages fault
+  // on first write instead). Where that range brought in fresh huge pages
+  // slower than `slowest_huge_page_fill` bytes per second, the huge pages
+  // not yet touched are given up (MADV_NOHUGEPAGE) and the rest of the
+  // buffer fills in small pages: the free huge blocks are then ones the host
+  // took back, and each further one would cost as much. Call it in
+  // ascending order of offset, from one thread.
+  void populate(std::size_t offset, std::size_t size, double slowest_huge_page_fill = kSlowestHugePageFill);
+  // The huge-page size the untouched rest of the buffer asks for; 0 where it
+  // is (or fell back to) small pages.
+  std::size_t huge_page_bytes() const noexcept { return huge_; }
+
  private:
-  Buffer(std::byte* data, std::size_t size, std::size_t mapped) : data_(data), size_(size), mapped_(mapped) {}
+  Buffer(std::byte* data, std::size_t size, std::size_t mapped, std::size_t huge = 0)
+      : data_(data), size_(size), mapped_(mapped), huge_(huge) {}
   std::byte* data_;
   std::size_t size_;
   std::size_t mapped_;
+  std::size_t huge_;           // 0: small pages
+  std::size_t huge_end_ = 0;   // where the huge pages populate() has faulted in end
 };
 
 // Returns the memory pages wholly inside [data, data + size) to the kernel

@@ -283,9 +283,11 @@ class Dict {
   void rebuild_index();
 
   std::vector<Entry> entries_;
-  // Open-addressing table of entry positions + 1 (0 = empty slot), built once
-  // the dict is large enough for scans to matter. It stores no keys of its
-  // own, so indexing a state dict of 100k tensors copies no strings.
+  // Open-addressing table of entry positions + 1 under a hash tag (0 = empty
+  // slot; detail::SlotCode in base/keyed_hash.h), built once the dict is
+  // large enough for scans to matter. It stores no keys of its own, so
+  // indexing a state dict of 100k tensors copies no strings, and the tag
+  // spares a probe comparing keys that only share a slot.
   std::vector<std::uint32_t> slots_;
   std::shared_ptr<const Value> metadata_;
 };

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -109,7 +111,26 @@ std::shared_ptr<Buffer> Buffer::allocate(std::size_t size) {
     // pages, so the resident size is the buffer's, not rounded up.
     ::madvise(data, size / huge * huge, MADV_HUGEPAGE);
   }
-  return std::shared_ptr<Buffer>(new Buffer(data, size, kept));
+  return std::shared_ptr<Buffer>(new Buffer(data, size, kept, huge));
+}
+
+void Buffer::populate(std::size_t offset, std::size_t size, double slowest_huge_page_fill) {
+  if (offset >= size_) return;
+  size = std::min(size, size_ - offset);
+  const auto start = std::chrono::steady_clock::now();
+  ::madvise(data_ + offset, size, MADV_POPULATE_WRITE);
+  if (huge_ == 0) return;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The kernel faults whole huge pages in: the range's last one is whole too.
+  const std::size_t advised = size_ / huge_ * huge_;
+  const std::size_t end = std::min(advised, (offset + size + huge_ - 1) / huge_ * huge_);
+  const std::size_t fresh = end > huge_end_ ? end - huge_end_ : 0;
+  huge_end_ = std::max(huge_end_, end);
+  if (fresh == 0 || seconds * slowest_huge_page_fill <= static_cast<double>(fresh)) return;
+  // Advisory, like MADV_HUGEPAGE: a failure leaves huge pages, which is only
+  // speed.
+  if (advised > huge_end_) ::madvise(data_ + huge_end_, advised - huge_end_, MADV_NOHUGEPAGE);
+  huge_ = 0;
 }
 
 std::shared_ptr<Buffer> Buffer::map_file(int fd, std::size_t size) {
@@ -172,9 +193,8 @@ namespace {
 // ones). `finish_hash` joins the hasher; it is idempotent.
 class SnapshotReader {
  public:
-  SnapshotReader(int fd, std::byte* data, std::size_t size, const std::filesystem::path& path,
-                 const ReadProgress& progress)
-      : fd_(fd), data_(data), size_(size), path_(path), progress_(progress) {}
+  SnapshotReader(int fd, Buffer& buffer, const std::filesystem::path& path, const ReadProgress& progress)
+      : fd_(fd), buffer_(buffer), data_(buffer.data()), size_(buffer.size()), path_(path), progress_(progress) {}
   ~SnapshotReader() { stop(); }
 
   void read() {
@@ -197,8 +217,8 @@ class SnapshotReader {
         const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
         const std::size_t want = std::min<std::size_t>(chunk, size_ - done);
         // Faulting the pages in one call is cheaper than faulting them one
-        // by one inside read(); kernels before 5.14 ignore the advice.
-        ::madvise(data_ + done, want, MADV_POPULATE_WRITE);
+        // by one inside read().
+        buffer_.populate(done, want);
         const std::size_t got = read_fully(fd_, data_ + done, want, path_);
         done += got;
         filled_.store(done, std::memory_order_release);
@@ -249,6 +269,7 @@ class SnapshotReader {
   }
 
   int fd_;
+  Buffer& buffer_;
   std::byte* data_;
   std::size_t size_;
   const std::filesystem::path& path_;
@@ -280,7 +301,7 @@ Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t m
 
     Snapshot snapshot;
     snapshot.buffer = Buffer::allocate(static_cast<std::size_t>(size));
-    SnapshotReader reader(fd, snapshot.buffer->data(), static_cast<std::size_t>(size), path, progress);
+    SnapshotReader reader(fd, *snapshot.buffer, path, progress);
     reader.read();
     std::byte probe;
     if (read_fully(fd, &probe, 1, path) != 0) {

@@ -1,5 +1,6 @@
 #include "holdpoint/format/value.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -257,21 +258,36 @@ void Dict::index_entry(std::uint32_t position, std::uint64_t hash) {
   const std::size_t mask = slots_.size() - 1;
   std::size_t slot = hash & mask;
   while (slots_[slot] != 0) slot = (slot + 1) & mask;
-  slots_[slot] = position + 1;
+  slots_[slot] = detail::SlotCode(slots_.size()).encode(position, hash);
 }
 
 void Dict::rebuild_index() {
   std::size_t capacity = 64;
   while (capacity < 2 * entries_.size()) capacity *= 2;
   slots_.assign(capacity, 0);
-  for (std::size_t i = 0; i < entries_.size(); ++i) index_entry(static_cast<std::uint32_t>(i), key_hash(entries_[i].first));
+  // Hashed kAhead entries ahead, with their home slot prefetched, so that
+  // the probes of a large table do not each wait on memory.
+  constexpr std::size_t kAhead = 8;
+  std::uint64_t ahead[kAhead];
+  const auto hash_ahead = [&](std::size_t i) {
+    ahead[i % kAhead] = key_hash(entries_[i].first);
+    __builtin_prefetch(&slots_[ahead[i % kAhead] & (capacity - 1)], 1);
+  };
+  for (std::size_t i = 0; i < std::min(kAhead, entries_.size()); ++i) hash_ahead(i);
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const std::uint64_t hash = ahead[i % kAhead];
+    if (i + kAhead < entries_.size()) hash_ahead(i + kAhead);
+    index_entry(static_cast<std::uint32_t>(i), hash);
+  }
 }
 
 template <typename Key>
 std::ptrdiff_t Dict::indexed_position_of(const Key& key, std::uint64_t hash) const {
   const std::size_t mask = slots_.size() - 1;
+  const detail::SlotCode code(slots_.size());
   for (std::size_t slot = hash & mask; slots_[slot] != 0; slot = (slot + 1) & mask) {
-    const std::uint32_t position = slots_[slot] - 1;
+    if (!code.may_hold(slots_[slot], hash)) continue;
+    const std::uint32_t position = code.position(slots_[slot]);
     if (key_equals(entries_[position].first, key)) return position;
   }
   return -1;

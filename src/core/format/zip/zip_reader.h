@@ -66,7 +66,8 @@ struct ZipArchive {
   std::shared_ptr<const std::string> names;
   std::uint64_t central_directory_offset = 0;
   std::uint64_t central_directory_size = 0;
-  // A hash table of positions in `entries` + 1 (0: a free slot) by
+  // A hash table of positions in `entries` (detail::SlotCode in
+  // base/keyed_hash.h: 0 a free slot, else position + 1 under a hash tag) by
   // ASCII-lowercased record name, hashed with a key private to the process,
   // so that find() takes constant time (archives may hold a million records,
   // and the .pt reader looks up every storage). read_zip_directory fills it;
