@@ -344,6 +344,11 @@ bool Dict::insert(DictKey key, Value value) {
   return true;
 }
 
+void Dict::prefetch(std::string_view key) const noexcept {
+  if (slots_.empty()) return;
+  __builtin_prefetch(&slots_[key_hash(key) & (slots_.size() - 1)]);
+}
+
 void Dict::insert_or_assign(DictKey key, Value value) {
   const auto i = position_of(key);
   if (i >= 0) {

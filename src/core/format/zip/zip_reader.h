@@ -92,6 +92,8 @@ class ZipByteSource {
   // The bytes [offset, offset + length), which the caller has checked lie
   // inside the file. The span stays valid until the next call of read().
   virtual std::span<const std::byte> read(std::uint64_t offset, std::size_t length) = 0;
+  // A hint that `offset` is read soon; only speed, and any offset is allowed.
+  virtual void prefetch(std::uint64_t /*offset*/) noexcept {}
 };
 
 // A file held in memory, read without copying.
@@ -101,6 +103,9 @@ class ZipMemorySource final : public ZipByteSource {
   std::uint64_t size() const override { return file_.size(); }
   std::span<const std::byte> read(std::uint64_t offset, std::size_t length) override {
     return file_.subspan(offset, length);
+  }
+  void prefetch(std::uint64_t offset) noexcept override {
+    if (offset < file_.size()) __builtin_prefetch(file_.data() + offset);
   }
 
  private:
