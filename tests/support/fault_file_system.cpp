@@ -349,8 +349,7 @@ class FaultDirectory final : public io::Directory {
     if (progress) progress(snapshot.buffer->size(), snapshot.buffer->size());
     // The digest was checked above, so the parser runs after it here.
     if (parse) {
-      const std::size_t size = snapshot.buffer->size();
-      parse(snapshot.buffer, [] {}, [size] { return size; });
+      parse(snapshot.buffer, io::SnapshotReading::complete(snapshot.buffer->size()));
     }
     return snapshot;
   }

@@ -166,30 +166,32 @@ TEST_P(SnapshotParserContract, DigestIsTheFilesWithOrWithoutAParserAndTheParserS
   EXPECT_TRUE(bytes_in(plain) == bytes_);
 
   std::optional<Sha256Digest> seen;
-  const io::Snapshot parsed = read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const auto&, const auto&) {
-    // The parser runs once every byte is in, possibly while the hash runs.
-    seen = Sha256::of(buffer->bytes());
-  });
+  const io::Snapshot parsed =
+      read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+        // The parser may run while the file is still read: it awaits what it reads.
+        reading.await_bytes(0, buffer->size());
+        seen = Sha256::of(buffer->bytes());
+      });
   ASSERT_TRUE(seen);
   EXPECT_EQ(*seen, digest_);
   EXPECT_EQ(parsed.sha256, digest_);
 
-  const io::Snapshot checked = read(digest_, [](const auto&, const auto&, const auto&) {});
+  const io::Snapshot checked = read(digest_, [](const auto&, const auto&) {});
   EXPECT_EQ(checked.sha256, digest_);
   EXPECT_TRUE(bytes_in(checked) == bytes_);
 }
 
 TEST_P(SnapshotParserContract, ASucceedingParserDoesNotHideADigestMismatch) {
   bool ran = false;
-  EXPECT_ERROR_CODE(read(wrong(digest_), [&](const auto&, const auto&, const auto&) { ran = true; }), ErrorCode::sha256_mismatch);
+  EXPECT_ERROR_CODE(read(wrong(digest_), [&](const auto&, const auto&) { ran = true; }), ErrorCode::sha256_mismatch);
   EXPECT_TRUE(ran) << "the parser was meant to run (and succeed) before the mismatch was found";
 }
 
 TEST_P(SnapshotParserContract, ADigestMismatchWinsOverTheParsersError) {
-  const io::SnapshotParser failing = [](const auto&, const auto&, const auto&) { throw Error(kParserCode, "parser failed"); };
+  const io::SnapshotParser failing = [](const auto&, const auto&) { throw Error(kParserCode, "parser failed"); };
   EXPECT_ERROR_CODE(read(wrong(digest_), failing), ErrorCode::sha256_mismatch);
   // Something that is not a holdpoint::Error, too.
-  EXPECT_ERROR_CODE(read(wrong(digest_), [](const auto&, const auto&, const auto&) { throw std::runtime_error("boom"); }),
+  EXPECT_ERROR_CODE(read(wrong(digest_), [](const auto&, const auto&) { throw std::runtime_error("boom"); }),
                     ErrorCode::sha256_mismatch);
   // With the right digest, or none, the parser's own error comes out.
   EXPECT_ERROR_CODE(read(digest_, failing), kParserCode);
@@ -199,8 +201,8 @@ TEST_P(SnapshotParserContract, ADigestMismatchWinsOverTheParsersError) {
 TEST_P(SnapshotParserContract, AwaitDigestStopsTheParserBeforeItWritesWhenTheDigestIsWrong) {
   bool after_await = false;
   EXPECT_ERROR_CODE(read(wrong(digest_),
-                         [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
-                             const std::function<std::size_t()>&) {
+                         [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+                           const auto& await_digest = reading.await_digest;
                            await_digest();
                            after_await = true;
                            if (buffer->size() > 0) buffer->data()[0] ^= std::byte{1};
@@ -212,8 +214,8 @@ TEST_P(SnapshotParserContract, AwaitDigestStopsTheParserBeforeItWritesWhenTheDig
   // still fails with the mismatch.
   bool swallowed = false;
   EXPECT_ERROR_CODE(read(wrong(digest_),
-                         [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
-                             const std::function<std::size_t()>&) {
+                         [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+                           const auto& await_digest = reading.await_digest;
                            try {
                              await_digest();
                            } catch (const Error& error) {
@@ -228,8 +230,8 @@ TEST_P(SnapshotParserContract, AwaitDigestStopsTheParserBeforeItWritesWhenTheDig
 TEST_P(SnapshotParserContract, AWriteAfterAwaitDigestDoesNotChangeTheDigest) {
   bool wrote = false;
   const io::Snapshot snapshot =
-      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
-                             const std::function<std::size_t()>&) {
+      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+                           const auto& await_digest = reading.await_digest;
         await_digest();
         await_digest();  // idempotent
         if (buffer->size() == 0) return;
@@ -243,8 +245,8 @@ TEST_P(SnapshotParserContract, AWriteAfterAwaitDigestDoesNotChangeTheDigest) {
   }
   // Without an expected digest await_digest checks nothing, and still waits.
   const io::Snapshot unchecked =
-      read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
-                             const std::function<std::size_t()>&) {
+      read(std::nullopt, [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+                           const auto& await_digest = reading.await_digest;
         await_digest();
         if (buffer->size() > 0) buffer->data()[buffer->size() / 2] ^= std::byte{0xFF};
       });
@@ -255,8 +257,9 @@ TEST_P(SnapshotParserContract, BytesHashedOnlyGrowsStaysInTheBufferAndIsAllOfItO
   std::vector<std::size_t> seen;
   std::size_t size = 0;
   const io::Snapshot snapshot =
-      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
-                        const std::function<std::size_t()>& bytes_hashed) {
+      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+        const auto& await_digest = reading.await_digest;
+        const auto& bytes_hashed = reading.bytes_hashed;
         size = buffer->size();
         for (int i = 0; i < 1000; ++i) seen.push_back(bytes_hashed());
         await_digest();
@@ -267,6 +270,51 @@ TEST_P(SnapshotParserContract, BytesHashedOnlyGrowsStaysInTheBufferAndIsAllOfItO
   EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
   EXPECT_LE(seen.front(), size);
   EXPECT_EQ(seen.back(), size) << "once the digest is known, every byte has been hashed";
+}
+
+TEST_P(SnapshotParserContract, AwaitedBytesAreTheFilesInWhateverOrderTheParserAsksForThem) {
+  bool same = true;
+  const io::Snapshot snapshot =
+      read(digest_, [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+        const std::size_t size = buffer->size();
+        // The end first, as a zip reader asks for it.
+        reading.read_ahead_from(size / 2);
+        const std::vector<std::pair<std::size_t, std::size_t>> ranges = {
+            {size - std::min<std::size_t>(size, 100), 100},
+            {size / 2, std::min<std::size_t>(size - size / 2, 5000)},
+            {0, std::min<std::size_t>(size, 64)},
+            {size / 3, 1},
+            {0, size}};
+        for (const auto& [offset, length] : ranges) {
+          reading.await_bytes(offset, length);
+          const std::size_t n = std::min(length, size - offset);
+          same = same && std::memcmp(buffer->data() + offset, bytes_.data() + offset, n) == 0;
+        }
+        // Ranges past the end, or running past it, are cut there.
+        reading.await_bytes(size + 5, 10);
+        reading.await_bytes(size / 4, UINT64_MAX);
+        reading.read_ahead_from(UINT64_MAX);
+      });
+  EXPECT_TRUE(same) << "an awaited range held other bytes than the file's";
+  EXPECT_EQ(snapshot.sha256, digest_) << "reading the end first must not change what is hashed";
+  EXPECT_TRUE(bytes_in(snapshot) == bytes_);
+}
+
+TEST(SnapshotParserContract, AFileThatShrinksWhileTheParserAwaitsItFailsTheReadAndNeverHangs) {
+  TempDir dir;
+  const auto bytes = pattern_bytes(64 * kMiB, 11);
+  const auto path = dir / "f.bin";
+  write_all(path, bytes);
+  bool awaited_end = false;
+  EXPECT_ERROR_CODE(io::read_snapshot(path, 128 * kMiB, Sha256::of(bytes), {},
+                                      [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+                                        // The reader is still near the start: the rest is gone.
+                                        std::filesystem::resize_file(path, 1 * kMiB);
+                                        reading.await_bytes(buffer->size() - 1, 1);
+                                        awaited_end = true;
+                                      }),
+                    ErrorCode::file_changed_during_read);
+  EXPECT_FALSE(awaited_end) << "await_bytes returned bytes the reader never read";
 }
 
 // 0 and small sizes hash on the reading thread; from 8 MiB a second thread
@@ -284,16 +332,16 @@ TEST(SnapshotParserContract, DirectoryReadKeepsTheContract) {
   auto directory = io::posix_file_system().open_directory(dir.path(), false);
   bool ran = false;
   EXPECT_ERROR_CODE(directory->read("f.bin", 32 * kMiB, wrong(digest), {},
-                                    [&](const auto&, const auto&, const auto&) { ran = true; }),
+                                    [&](const auto&, const auto&) { ran = true; }),
                     ErrorCode::sha256_mismatch);
   EXPECT_TRUE(ran);
   EXPECT_ERROR_CODE(directory->read("f.bin", 32 * kMiB, wrong(digest), {},
-                                    [](const auto&, const auto&, const auto&) { throw Error(kParserCode, "x"); }),
+                                    [](const auto&, const auto&) { throw Error(kParserCode, "x"); }),
                     ErrorCode::sha256_mismatch);
   EXPECT_ERROR_CODE(directory->read("f.bin", 32 * kMiB, digest, {},
-                                    [](const auto&, const auto&, const auto&) { throw Error(kParserCode, "x"); }),
+                                    [](const auto&, const auto&) { throw Error(kParserCode, "x"); }),
                     kParserCode);
-  EXPECT_EQ(directory->read("f.bin", 32 * kMiB, digest, {}, [](const auto&, const auto&, const auto&) {}).sha256, digest);
+  EXPECT_EQ(directory->read("f.bin", 32 * kMiB, digest, {}, [](const auto&, const auto&) {}).sha256, digest);
 }
 
 // ---- load_checkpoint_mapping / RunDirectory::load on large files -------------------------

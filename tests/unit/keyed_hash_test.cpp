@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace holdpoint::detail {
 namespace {
@@ -93,6 +95,28 @@ TEST(SlotCode, SmallestAndLargestTables) {
   EXPECT_EQ(huge.position(0xFFFF'FFFEu), 0xFFFF'FFFDu);
   EXPECT_TRUE(huge.may_hold(1, hash));
   EXPECT_TRUE(huge.may_hold(1, 0));
+}
+
+TEST(ForEachHashedAhead, VisitsEveryIndexOnceInOrderWithItsOwnHash) {
+  const std::array<std::uint32_t, 64> slots{};
+  // Around the look-ahead distance (8), and well past it.
+  for (const std::size_t count : {0u, 1u, 7u, 8u, 9u, 16u, 1000u}) {
+    std::vector<std::pair<std::size_t, std::uint64_t>> visits;
+    std::size_t hashed = 0;
+    for_each_hashed_ahead(
+        count, slots.data(), slots.size() - 1,
+        [&](std::size_t i) {
+          ++hashed;
+          return std::uint64_t{i} * 0x9E3779B97F4A7C15u + 1;
+        },
+        [&](std::size_t i, std::uint64_t hash) { visits.emplace_back(i, hash); });
+    EXPECT_EQ(hashed, count) << "each entry is hashed exactly once";
+    ASSERT_EQ(visits.size(), count);
+    for (std::size_t i = 0; i < count; ++i) {
+      EXPECT_EQ(visits[i].first, i);
+      EXPECT_EQ(visits[i].second, std::uint64_t{i} * 0x9E3779B97F4A7C15u + 1) << "entry " << i;
+    }
+  }
 }
 
 }  // namespace

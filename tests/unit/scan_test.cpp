@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "format/zip/zip_reader.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "support/dropped_tensors.h"
 #include "support/test_support.h"
@@ -373,6 +374,65 @@ TEST(ScanMatchesLoad, MalformedArchiveLayouts) {
     expect_same_reading(path);
   }
   EXPECT_EQ(scanned(dir / "layout0.pt").code, std::nullopt) << "the unbroken layout reads";
+}
+
+// A file of 8 MiB or more is parsed while it is still being read: its end
+// first, then the records the pickle reads, then each storage's local header
+// when the pickle names it. Damaged in several places, it must still give the
+// error a reading in file order gives: the scan's, and that of a parse of the
+// whole file in memory.
+TEST(ScanMatchesLoad, LargeFilesParsedWhileReadReportTheDamageAReadingInOrderFindsFirst) {
+  TempDir dir;
+  const auto clean = dir / "clean.pt";
+  // Records of about 1.3 KiB: few enough bytes per record that the pickle
+  // runs while the file is read, even on two cores.
+  save_mapping(clean, flat_mapping(9000, 300), scratch_save());
+  const auto bytes = read_file_bytes(clean);
+  ASSERT_GE(bytes.size(), std::size_t{9} << 20) << "the file must be large enough to be read on a thread of its own";
+  const format::ZipArchive archive = format::read_zip_directory(bytes, Limits{});
+  const auto entry = [&](std::string_view record) {
+    const format::ZipEntry* found = archive.find(record);
+    EXPECT_NE(found, nullptr) << record;
+    return *found;
+  };
+  const auto header = [&](std::string_view record) { return entry(record).local_header_offset; };
+  const auto payload = [&](std::string_view record) { return entry(record).data_offset + entry(record).size / 2; };
+  ASSERT_GT(header("version"), header("data/8999")) << "as in torch's layout, the version record comes last";
+  struct Damage {
+    std::string name;
+    std::vector<std::uint64_t> flips;
+    std::optional<ErrorCode> code;  // when the code is plain
+  };
+  const std::vector<Damage> damages = {
+      {"a storage's local header", {header("data/4500")}, ErrorCode::zip_local_header_invalid},
+      {"the pickle's payload", {payload("data.pkl")}, ErrorCode::zip_crc_mismatch},
+      {"a storage's local header and the pickle", {payload("data.pkl"), header("data/4500")},
+       ErrorCode::zip_local_header_invalid},
+      {"the last storage's payload and the pickle", {payload("data/8999"), payload("data.pkl")},
+       ErrorCode::zip_crc_mismatch},
+      {"the version record's local header and an early storage's", {header("version"), header("data/5")},
+       ErrorCode::zip_local_header_invalid},
+      {"the last storage's local name", {header("data/8999") + 30 + 6}, std::nullopt},
+      {"a storage's local name and the pickle", {header("data/6000") + 30 + 6, payload("data.pkl")}, std::nullopt},
+  };
+  for (const Damage& damage : damages) {
+    SCOPED_TRACE(damage.name);
+    std::vector<std::byte> damaged = bytes;
+    for (const std::uint64_t at : damage.flips) damaged[at] ^= std::byte{0x40};
+    const auto path = dir / "damaged.pt";
+    write_file_bytes(path, damaged);
+    const Outcome load = loaded(path);
+    ASSERT_TRUE(load.code.has_value()) << "the damage was meant to be refused";
+    if (damage.code) EXPECT_EQ(load.code, damage.code);
+    Outcome in_memory;
+    try {
+      parse_checkpoint_bytes(damaged, nullptr);
+    } catch (const Error& error) {
+      in_memory.code = error.code();
+    }
+    EXPECT_EQ(load.code, in_memory.code) << "the parse of the whole file in memory";
+    expect_same_reading(path);
+  }
 }
 
 TEST(ScanMatchesLoad, LimitsApplyAlike) {

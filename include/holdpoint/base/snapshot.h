@@ -4,8 +4,8 @@
 // process can change, computing SHA-256 as the bytes arrive (on a second
 // thread, so hashing overlaps reading). When an expected digest is given it is
 // compared before the function returns. A caller may parse the buffer while
-// the hash finishes (SnapshotParser), since the parser is built for hostile
-// bytes and only reads; nothing it produced is used unless the digest
+// the file is still read and hashed (SnapshotParser), since the parser is
+// built for hostile bytes and only reads; nothing it produced is used unless the digest
 // matched, so what callers use comes only from bytes that were hashed and, if
 // asked, verified. The file must not change size while it is read.
 //
@@ -78,6 +78,13 @@ class Buffer {
   // took back, and each further one would cost as much. Call it in
   // ascending order of offset, from one thread.
   void populate(std::size_t offset, std::size_t size, double slowest_huge_page_fill = kSlowestHugePageFill);
+  // Faults in [offset, offset + size) in small pages, outside populate()'s
+  // ascending order: for a range read ahead of its turn, such as a zip
+  // archive's central directory at the end of the file. The huge pages it
+  // touches and populate() has not reached are given up first, so that a
+  // range far ahead costs no huge page faults and leaves populate()'s measure
+  // alone.
+  void populate_apart(std::size_t offset, std::size_t size);
   // The huge-page size the untouched rest of the buffer asks for; 0 where it
   // is (or fell back to) small pages.
   std::size_t huge_page_bytes() const noexcept { return huge_; }
@@ -113,21 +120,39 @@ struct Snapshot {
 // MiB of a large file, and once at the end.
 using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
-// Runs on the reading thread once every byte is in the buffer, possibly while
-// the SHA-256 is still being computed (parsing while hashing). It may read the
-// buffer freely; before anything writes to it, it must call `await_digest`,
-// which waits for the digest and checks it (sha256_mismatch). It may be called
-// from any thread, any number of times: a helper thread of the parser waits
-// there so as not to take a core from the hasher. Whatever the parser
-// produces must not be used unless read_snapshot returns normally: a digest
-// mismatch is thrown even when the parser succeeded, and takes precedence over
-// the parser's own error. `bytes_hashed` tells, from any thread, how many
-// bytes from the start of the buffer the hasher has taken in so far: it only
-// grows, and is the buffer's size once `await_digest` has returned. A parser
-// that gives pages back (MADV_DONTNEED, which turns them into zeros) may do so
-// only below it.
-using SnapshotParser = std::function<void(const std::shared_ptr<Buffer>& buffer, const std::function<void()>& await_digest,
-                                          const std::function<std::size_t()>& bytes_hashed)>;
+// What read_snapshot hands a SnapshotParser along with the buffer. Every
+// function may be called from any thread, any number of times.
+struct SnapshotReading {
+  // Returns once the file's SHA-256 is known, and so once every byte is in
+  // the buffer; throws sha256_mismatch where it differs from the expected
+  // one. A parser calls it before it writes anything into the buffer.
+  std::function<void()> await_digest;
+  // How many bytes from the start of the buffer the hasher has taken in so
+  // far: it only grows, and is the buffer's size once await_digest has
+  // returned. A parser that gives pages back (MADV_DONTNEED, which turns them
+  // into zeros) may do so only below it.
+  std::function<std::size_t()> bytes_hashed;
+  // Returns once [offset, offset + size) (cut at the buffer's end) holds the
+  // file's bytes. The reader goes on meanwhile; if it fails, this throws its
+  // error. A parser reads no byte it has not awaited.
+  std::function<void(std::uint64_t offset, std::uint64_t size)> await_bytes;
+  // Asks the reader to read [offset, end of file) next, ahead of the bytes
+  // before it that it has not reached: for a format whose index is at the
+  // end, as a zip archive's central directory is. Only order changes; each
+  // byte is still read once, and hashed in file order.
+  std::function<void(std::uint64_t offset)> read_ahead_from;
+
+  // For a buffer that already holds every byte, hashed and checked.
+  static SnapshotReading complete(std::size_t size);
+};
+
+// Parses the buffer while the file is still being read and hashed. Large
+// files (8 MiB and more) are read by a thread of their own while the parser
+// runs on the calling thread, so parsing overlaps reading as well as hashing;
+// small ones are read first. Whatever the parser produces must not be used
+// unless read_snapshot returns normally. A failed read is reported first,
+// then a digest mismatch, then the parser's own error.
+using SnapshotParser = std::function<void(const std::shared_ptr<Buffer>& buffer, const SnapshotReading& reading)>;
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,

@@ -68,6 +68,15 @@ struct ParseContext {
   // from any thread (SnapshotParser's bytes_hashed). Empty: nothing hashes
   // the bytes while they are parsed.
   std::function<std::size_t()> bytes_hashed;
+  // Returns once [offset, offset + size) of the bytes is in memory, for a
+  // parse that starts while the file is still being read
+  // (SnapshotReading::await_bytes); throws the read's error if it failed.
+  // Empty: every byte is there.
+  std::function<void(std::uint64_t offset, std::uint64_t size)> await_bytes;
+  // Asks for [offset, end) to be read ahead of the bytes before it
+  // (SnapshotReading::read_ahead_from); a zip archive's central directory is
+  // at the end. Empty: nothing to ask.
+  std::function<void(std::uint64_t offset)> read_ahead_from;
   // The bytes are a private snapshot that nothing reads after the parse
   // except through the returned tensors (load_checkpoint_mapping,
   // RunDirectory::load). A zip archive's pages that hold no tensor byte are

@@ -7,6 +7,7 @@
 // Thread-safety: all functions may be called concurrently.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -68,5 +69,25 @@ class SlotCode {
   unsigned position_bits_;
   unsigned tag_bits_;
 };
+
+// Calls visit(i, hash_of(i)) for each i in [0, count), in order, computing
+// each hash a few entries early and prefetching its home slot in `slots` (a
+// table of mask + 1 slots, a power of two): in a table larger than the
+// caches, each first probe would otherwise wait on memory.
+template <typename Slot, typename HashOf, typename Visit>
+void for_each_hashed_ahead(std::size_t count, const Slot* slots, std::size_t mask, HashOf hash_of, Visit visit) {
+  constexpr std::size_t kAhead = 8;
+  std::uint64_t ahead[kAhead];
+  const auto hash_ahead = [&](std::size_t i) {
+    ahead[i % kAhead] = hash_of(i);
+    __builtin_prefetch(&slots[ahead[i % kAhead] & mask], 1);
+  };
+  for (std::size_t i = 0; i < std::min(kAhead, count); ++i) hash_ahead(i);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t hash = ahead[i % kAhead];
+    if (i + kAhead < count) hash_ahead(i + kAhead);
+    visit(i, hash);
+  }
+}
 
 }  // namespace holdpoint::detail

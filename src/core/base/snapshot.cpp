@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <condition_variable>
+#include <exception>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -29,28 +31,15 @@ namespace {
 
 constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
 constexpr std::size_t kFirstChunkBytes = std::size_t{256} << 10;
+// A chunk is read in pieces of this size; a parser's request for the file's
+// end (read_ahead_from) is served between them.
+constexpr std::size_t kReadPieceBytes = std::size_t{1} << 20;
 // Below this size a second thread costs more than it saves.
 constexpr std::size_t kThreadedHashBytes = std::size_t{8} << 20;
 constexpr std::size_t kProgressBytes = std::size_t{64} << 20;
 // Smaller buffers gain too little from huge pages to pay for reading the
 // kernel's free lists.
 constexpr std::size_t kHugePageMinimumBytes = std::size_t{8} << 20;
-
-// Reads up to `size` bytes at `out`, retrying short reads; returns bytes read
-// (less than `size` only at end of file).
-std::size_t read_fully(int fd, std::byte* out, std::size_t size, const std::filesystem::path& path) {
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, out + done, size - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail(ErrorCode::io_read_failed, "read failed at offset ", done, ": ", std::strerror(errno));
-    }
-    if (n == 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  return done;
-}
 
 // The whole text of a small kernel file; empty when it cannot be read.
 std::string file_text(const char* path) {
@@ -87,6 +76,16 @@ std::size_t huge_page_bytes_for(std::size_t size) {
   return free_bytes_in_blocks_of(file_text("/proc/buddyinfo"), huge, page) >= 2 * std::uint64_t{size} ? huge : 0;
 }
 
+// The CPU time this thread has used. A fill is timed by it, not by the wall
+// clock: a thread that waits for a core while others run (a parser beside the
+// reader and the hasher) has not filled slowly, while a fault the host makes
+// the guest wait for still counts.
+double thread_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
 }  // namespace
 
 std::shared_ptr<Buffer> Buffer::allocate(std::size_t size) {
@@ -117,10 +116,10 @@ std::shared_ptr<Buffer> Buffer::allocate(std::size_t size) {
 void Buffer::populate(std::size_t offset, std::size_t size, double slowest_huge_page_fill) {
   if (offset >= size_) return;
   size = std::min(size, size_ - offset);
-  const auto start = std::chrono::steady_clock::now();
+  const double start = thread_seconds();
   ::madvise(data_ + offset, size, MADV_POPULATE_WRITE);
   if (huge_ == 0) return;
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = thread_seconds() - start;
   // The kernel faults whole huge pages in: the range's last one is whole too.
   const std::size_t advised = size_ / huge_ * huge_;
   const std::size_t end = std::min(advised, (offset + size + huge_ - 1) / huge_ * huge_);
@@ -131,6 +130,18 @@ void Buffer::populate(std::size_t offset, std::size_t size, double slowest_huge_
   // speed.
   if (advised > huge_end_) ::madvise(data_ + huge_end_, advised - huge_end_, MADV_NOHUGEPAGE);
   huge_ = 0;
+}
+
+void Buffer::populate_apart(std::size_t offset, std::size_t size) {
+  if (offset >= size_) return;
+  size = std::min(size, size_ - offset);
+  if (huge_ != 0) {
+    const std::size_t advised = size_ / huge_ * huge_;
+    const std::size_t first = std::max(huge_end_, offset / huge_ * huge_);
+    const std::size_t last = std::min(advised, (offset + size + huge_ - 1) / huge_ * huge_);
+    if (last > first) ::madvise(data_ + first, last - first, MADV_NOHUGEPAGE);
+  }
+  ::madvise(data_ + offset, size, MADV_POPULATE_WRITE);
 }
 
 std::shared_ptr<Buffer> Buffer::map_file(int fd, std::size_t size) {
@@ -188,51 +199,86 @@ Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_byte
 
 namespace {
 
-// The reading half of read_snapshot_from_fd: fills `data` from `fd` while a
-// second thread hashes behind it (large files) or hashes after it (small
-// ones). `finish_hash` joins the hasher; it is idempotent.
+// The reading half of read_snapshot_from_fd: fills the buffer from `fd`
+// while a second thread hashes behind it (large files) or hashes after it
+// (small ones). A large file's bytes are read in order, except that a parser
+// may ask for the file's end first (read_ahead_from): the reader then reads
+// [tail, end) at its next chunk and stops its in-order pass at `tail`. Each
+// byte is read exactly once, so what the parser sees is what is hashed.
 class SnapshotReader {
  public:
-  SnapshotReader(int fd, Buffer& buffer, const std::filesystem::path& path, const ReadProgress& progress)
-      : fd_(fd), buffer_(buffer), data_(buffer.data()), size_(buffer.size()), path_(path), progress_(progress) {}
-  ~SnapshotReader() { stop(); }
+  SnapshotReader(int fd, Buffer& buffer, const ReadProgress& progress)
+      : fd_(fd), buffer_(buffer), data_(buffer.data()), size_(buffer.size()), progress_(progress),
+        tail_(size_), tail_wanted_(size_) {}
+  ~SnapshotReader() {
+    if (read_thread_.joinable()) read_thread_.join();
+    stop_hashing();
+  }
 
+  // Reads the whole file on this thread.
   void read() {
     if (size_ < kThreadedHashBytes) {
-      const std::size_t got = read_fully(fd_, data_, size_, path_);
-      if (got != size_) fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", got, " bytes");
-      hasher_.update(data_, size_);
-      hashed_.store(size_, std::memory_order_release);
-      if (progress_) progress_(size_, size_);
+      read_small();
       return;
     }
-    // The reader (this thread) publishes how far the buffer is filled; the
-    // hasher follows behind. SHA-256 is sequential, so this is the best two
-    // cores can do for one stream.
     hash_thread_ = std::thread([this] { hash_loop(); });
     try {
-      std::size_t done = 0;
-      while (done < size_) {
-        // A small first piece lets the hasher start almost at once.
-        const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
-        const std::size_t want = std::min<std::size_t>(chunk, size_ - done);
-        // Faulting the pages in one call is cheaper than faulting them one
-        // by one inside read().
-        buffer_.populate(done, want);
-        const std::size_t got = read_fully(fd_, data_ + done, want, path_);
-        done += got;
-        filled_.store(done, std::memory_order_release);
-        filled_.notify_one();
-        if (progress_ && (done % kProgressBytes < want || done == size_)) progress_(done, size_);
-        if (got != want) fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", done, " bytes");
-      }
+      read_in_order();
     } catch (...) {
-      stop();
+      stop_hashing();
       throw;
     }
   }
 
-  // How far the hasher has got (SnapshotParser's bytes_hashed).
+  // Reads a large file on a thread of its own, for a parser that runs
+  // meanwhile; finish_read() joins it. A small file is read at once.
+  void start_reading() {
+    if (size_ < kThreadedHashBytes) {
+      read();
+      return;
+    }
+    hash_thread_ = std::thread([this] { hash_loop(); });
+    read_thread_ = std::thread([this] {
+      try {
+        read_in_order();
+      } catch (...) {
+        const std::lock_guard lock(mutex_);
+        read_failure_ = std::current_exception();
+      }
+      {
+        const std::lock_guard lock(mutex_);
+        read_done_ = true;
+      }
+      changed_.notify_all();
+    });
+  }
+
+  // Joins the reading thread and rethrows its failure.
+  void finish_read() {
+    if (read_thread_.joinable()) read_thread_.join();
+    if (read_failure_) {
+      stop_hashing();
+      std::rethrow_exception(read_failure_);
+    }
+  }
+
+  void await_bytes(std::uint64_t offset, std::uint64_t size) {
+    if (offset >= size_) return;
+    const std::uint64_t end = offset + std::min<std::uint64_t>(size, size_ - offset);
+    if (covered(offset, end)) return;
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return read_done_ || covered(offset, end); });
+    if (read_failure_) std::rethrow_exception(read_failure_);
+  }
+
+  void read_ahead_from(std::uint64_t offset) {
+    const auto wanted = static_cast<std::size_t>(std::min<std::uint64_t>(offset, size_));
+    std::size_t current = tail_wanted_.load(std::memory_order_relaxed);
+    while (wanted < current && !tail_wanted_.compare_exchange_weak(current, wanted, std::memory_order_release)) {
+    }
+  }
+
+  // How far the hasher has got (SnapshotReading::bytes_hashed).
   std::size_t hashed() const { return hashed_.load(std::memory_order_acquire); }
 
   Sha256Digest finish_hash() {
@@ -243,6 +289,116 @@ class SnapshotReader {
   }
 
  private:
+  void read_small() {
+    const std::size_t got = read_at(0, size_);
+    if (got != size_) fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", got, " bytes");
+    hasher_.update(data_, size_);
+    hashed_.store(size_, std::memory_order_release);
+    in_order_.store(size_, std::memory_order_release);
+    if (progress_) progress_(size_, size_);
+    check_no_more_bytes();
+  }
+
+  // The reader publishes how far the buffer is filled from the start; the
+  // hasher follows behind. SHA-256 is sequential, so this is the best two
+  // cores can do for one stream.
+  void read_in_order() {
+    std::size_t done = 0;
+    std::size_t reported = 0;
+    while (done < tail_.load(std::memory_order_relaxed)) {
+      read_tail_if_wanted(done);
+      const std::size_t tail = tail_.load(std::memory_order_relaxed);
+      if (done >= tail) break;
+      // A small first piece lets the hasher start almost at once.
+      const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
+      const std::size_t want = std::min<std::size_t>(chunk, tail - done);
+      // In pieces, so that a request for the end waits for one piece at
+      // most; the chunk lies below any request served here.
+      for (std::size_t piece = 0; piece < want; piece += kReadPieceBytes) {
+        if (piece != 0) read_tail_if_wanted(done + want);
+        const std::size_t length = std::min(kReadPieceBytes, want - piece);
+        // Faulting the pages in one call is cheaper than faulting them one
+        // by one inside read().
+        buffer_.populate(done + piece, length);
+        const std::size_t got = read_at(done + piece, length);
+        if (got != length) {
+          fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", done + piece + got, " bytes");
+        }
+      }
+      done += want;
+      publish(done);
+      const std::size_t total = done + (size_ - tail_.load(std::memory_order_relaxed));
+      if (progress_ && (total / kProgressBytes != reported / kProgressBytes || total == size_)) {
+        progress_(total, size_);
+        reported = total;
+      }
+    }
+    check_no_more_bytes();
+  }
+
+  // Serves a request for the file's end, if one came in: the bytes from the
+  // request to the current tail, read now, ahead of their turn. `reached` is
+  // where the in-order pass will have read to before it looks again.
+  void read_tail_if_wanted(std::size_t reached) {
+    const std::size_t tail = tail_.load(std::memory_order_relaxed);
+    const std::size_t wanted = tail_wanted_.load(std::memory_order_acquire);
+    // A request the in-order pass is about to reach is left to it.
+    if (wanted >= tail || wanted <= reached + kChunkBytes) return;
+    buffer_.populate_apart(wanted, tail - wanted);
+    const std::size_t got = read_at(wanted, tail - wanted);
+    if (got != tail - wanted) {
+      fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", wanted + got, " bytes");
+    }
+    {
+      const std::lock_guard lock(mutex_);
+      tail_.store(wanted, std::memory_order_release);
+    }
+    changed_.notify_all();
+  }
+
+  void publish(std::size_t done) {
+    const std::size_t tail = tail_.load(std::memory_order_relaxed);
+    {
+      const std::lock_guard lock(mutex_);
+      in_order_.store(done, std::memory_order_release);
+    }
+    changed_.notify_all();
+    // The hasher may run on to the end once the in-order pass meets the tail.
+    filled_.store(done >= tail ? size_ : done, std::memory_order_release);
+    filled_.notify_one();
+  }
+
+  bool covered(std::uint64_t offset, std::uint64_t end) const {
+    const std::size_t in_order = in_order_.load(std::memory_order_acquire);
+    const std::size_t tail = tail_.load(std::memory_order_acquire);
+    return end <= in_order || offset >= tail || in_order >= tail;
+  }
+
+  std::size_t read_at(std::size_t offset, std::size_t size) {
+    std::size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::pread(fd_, data_ + offset + done, size - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail(ErrorCode::io_read_failed, "read failed at offset ", offset + done, ": ", std::strerror(errno));
+      }
+      if (n == 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+    return done;
+  }
+
+  void check_no_more_bytes() {
+    std::byte probe;
+    for (;;) {
+      const ssize_t n = ::pread(fd_, &probe, 1, static_cast<off_t>(size_));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(ErrorCode::io_read_failed, "read failed at offset ", size_, ": ", std::strerror(errno));
+      if (n > 0) fail(ErrorCode::file_changed_during_read, "file grew beyond ", size_, " bytes while being read");
+      return;
+    }
+  }
+
   void hash_loop() {
     std::size_t hashed = 0;
     while (hashed < size_) {
@@ -260,7 +416,7 @@ class SnapshotReader {
   }
 
   // Moves `filled_` off any value the hasher may be waiting on, and joins it.
-  void stop() noexcept {
+  void stop_hashing() noexcept {
     if (!hash_thread_.joinable()) return;
     stopping_.store(true, std::memory_order_release);
     filled_.store(SIZE_MAX, std::memory_order_release);
@@ -272,17 +428,35 @@ class SnapshotReader {
   Buffer& buffer_;
   std::byte* data_;
   std::size_t size_;
-  const std::filesystem::path& path_;
   const ReadProgress& progress_;
   Sha256 hasher_;
   std::optional<Sha256Digest> digest_;
-  std::atomic<std::size_t> filled_{0};
+  std::atomic<std::size_t> filled_{0};    // the prefix the hasher may take
   std::atomic<std::size_t> hashed_{0};
   std::atomic<bool> stopping_{false};
   std::thread hash_thread_;
+
+  // Reading on a thread of its own (start_reading).
+  std::mutex mutex_;
+  std::condition_variable changed_;       // in_order_, tail_ or read_done_ moved
+  std::atomic<std::size_t> in_order_{0};  // [0, in_order_) is read
+  std::atomic<std::size_t> tail_;         // [tail_, size_) is read
+  std::atomic<std::size_t> tail_wanted_;  // the lowest read_ahead_from asked for
+  bool read_done_ = false;
+  std::exception_ptr read_failure_;
+  std::thread read_thread_;
 };
 
 }  // namespace
+
+SnapshotReading SnapshotReading::complete(std::size_t size) {
+  SnapshotReading reading;
+  reading.await_digest = [] {};
+  reading.bytes_hashed = [size] { return size; };
+  reading.await_bytes = [](std::uint64_t, std::uint64_t) {};
+  reading.read_ahead_from = [](std::uint64_t) {};
+  return reading;
+}
 
 Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t max_bytes,
                                const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress,
@@ -301,32 +475,41 @@ Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t m
 
     Snapshot snapshot;
     snapshot.buffer = Buffer::allocate(static_cast<std::size_t>(size));
-    SnapshotReader reader(fd, *snapshot.buffer, path, progress);
-    reader.read();
-    std::byte probe;
-    if (read_fully(fd, &probe, 1, path) != 0) {
-      fail(ErrorCode::file_changed_during_read, "file grew beyond ", size, " bytes while being read");
+    SnapshotReader reader(fd, *snapshot.buffer, progress);
+    if (!parse) {
+      reader.read();
+      snapshot.sha256 = reader.finish_hash();
+      if (expected_sha256 && !(*expected_sha256 == snapshot.sha256)) {
+        fail(ErrorCode::sha256_mismatch, "SHA-256 is ", snapshot.sha256.hex(), ", expected ", expected_sha256->hex());
+      }
+      return snapshot;
     }
+    reader.start_reading();
     // Thread-safe: a helper thread of the parser may wait here too.
     std::mutex digest_mutex;
     const auto check_digest = [&] {
       const std::lock_guard lock(digest_mutex);
+      reader.finish_read();
       snapshot.sha256 = reader.finish_hash();
       if (expected_sha256 && !(*expected_sha256 == snapshot.sha256)) {
         fail(ErrorCode::sha256_mismatch, "SHA-256 is ", snapshot.sha256.hex(), ", expected ", expected_sha256->hex());
       }
     };
-    // The parser may run while the hasher finishes: it reads the same private
-    // bytes the hasher reads, and its result is handed out only below, once
-    // the digest is known and matched. A digest mismatch is reported ahead of
-    // anything the parser found, since the bytes are not the expected ones.
+    // The parser runs while the reader and the hasher go on: it reads the
+    // same private bytes they fill and hash, each only once it is in, and its
+    // result is handed out only below, once the digest is known and matched.
+    // A failed read, then a digest mismatch, is reported ahead of anything
+    // the parser found, since the bytes are not the expected ones.
+    SnapshotReading reading;
+    reading.await_digest = check_digest;
+    reading.bytes_hashed = [&reader] { return reader.hashed(); };
+    reading.await_bytes = [&reader](std::uint64_t offset, std::uint64_t length) { reader.await_bytes(offset, length); };
+    reading.read_ahead_from = [&reader](std::uint64_t offset) { reader.read_ahead_from(offset); };
     std::exception_ptr parse_failure;
-    if (parse) {
-      try {
-        parse(snapshot.buffer, check_digest, [&reader] { return reader.hashed(); });
-      } catch (...) {
-        parse_failure = std::current_exception();
-      }
+    try {
+      parse(snapshot.buffer, reading);
+    } catch (...) {
+      parse_failure = std::current_exception();
     }
     check_digest();
     if (parse_failure) std::rethrow_exception(parse_failure);

@@ -118,8 +118,10 @@ class MemoryRecordSource final : public ZipRecordSource {
 
 class ZipStorageResolver final : public StorageResolver {
  public:
-  ZipStorageResolver(const ZipArchive& archive, ZipRecordSource& source, bool big_endian)
-      : archive_(archive), source_(source), big_endian_(big_endian), referenced_(archive.entries.size()) {}
+  ZipStorageResolver(const ZipArchive& archive, ZipRecordSource& source, bool big_endian,
+                     const std::function<void(std::size_t)>& before_storage)
+      : archive_(archive), source_(source), big_endian_(big_endian), before_storage_(before_storage),
+        referenced_(archive.entries.size()) {}
 
   std::shared_ptr<const Storage> resolve(const StorageRequest& request) override {
     const std::string record = "data/" + request.key;
@@ -147,8 +149,9 @@ class ZipStorageResolver final : public StorageResolver {
       fail(ErrorCode::byteorder_unsupported, "storage '", request.key,
            "': big-endian archives with untyped storages are not supported");
     }
-    auto storage = source_.storage(*entry, request, big_endian_);
     const auto index = static_cast<std::size_t>(entry - entries.data());
+    if (before_storage_) before_storage_(index);
+    auto storage = source_.storage(*entry, request, big_endian_);
     referenced_[index] = true;
     next_ = index + 1;
     return storage;
@@ -160,6 +163,7 @@ class ZipStorageResolver final : public StorageResolver {
   const ZipArchive& archive_;
   ZipRecordSource& source_;
   bool big_endian_;
+  const std::function<void(std::size_t)>& before_storage_;
   std::vector<bool> referenced_;  // by entry index
   std::size_t next_ = 0;          // the entry after the last one resolved
 };
@@ -202,13 +206,74 @@ std::string describe_producer(const FormatMarkers& markers) {
   return "torch 1.6-2.0, or another writer that omits byteorder (LibTorch pickle_save)";
 }
 
+// Whether `entry` is a storage record (after check_record_names).
+bool is_storage_record(const ZipEntry& entry) { return entry.record().starts_with("data/"); }
+
+// Checks the local headers of the records the pickle reads before any storage
+// (data.pkl and the small records) and waits for their bytes. Torch writes
+// data.pkl first and its version records last, after the storages: those are
+// asked for ahead of the storages, so that the pickle can run while the
+// storages are still being read.
+void check_records_ahead_of_the_pickle(const ZipArchive& archive, ZipLocalEntries& locals, ZipByteSource& bytes,
+                                       const Limits& limits, const ParseContext& context) {
+  const auto& entries = archive.entries;
+  std::uint64_t last_storage = 0;
+  for (const ZipEntry& entry : entries) {
+    if (is_storage_record(entry)) last_storage = std::max(last_storage, entry.local_header_offset);
+  }
+  std::uint64_t after_storages = UINT64_MAX;
+  for (const ZipEntry& entry : entries) {
+    if (!is_storage_record(entry) && entry.local_header_offset >= last_storage) {
+      after_storages = std::min(after_storages, entry.local_header_offset);
+    }
+  }
+  if (after_storages != UINT64_MAX) bytes.read_ahead_from(after_storages);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (is_storage_record(entries[i])) continue;
+    locals.check(i);
+    if (context.await_bytes && record_bytes_needed(entries[i], limits)) {
+      context.await_bytes(entries[i].data_offset, entries[i].size);
+    }
+  }
+}
+
+// Whether the pickle should run while the file is still being read. It then
+// shares the cores with the reader and the hasher; with fewer than three, it
+// takes CPU from the hasher, which pays only where the parse, not the hash,
+// bounds the load: records of under 2 KiB on average (a record costs about as
+// much to interpret as 1.5 KiB to hash). Elsewhere the pickle waits for the
+// read, and runs beside the hasher alone.
+bool parse_while_read(const ZipArchive& archive, std::uint64_t file_size) {
+  constexpr std::uint64_t kParseBoundRecordBytes = 2048;
+  static const unsigned cores = std::thread::hardware_concurrency();
+  return cores >= 3 || file_size / std::max<std::size_t>(archive.entries.size(), 1) < kParseBoundRecordBytes;
+}
+
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
                                const Limits& limits, const ParseContext& context) {
+  // The file may still be arriving (ParseContext::await_bytes): the end
+  // records and the central directory are asked for first, then the records
+  // the pickle reads first, and each storage's local header is checked when
+  // the pickle names it. Errors found meanwhile wait for the local stage to
+  // complete (ZipLocalEntries::finish), whose own errors come first, as they
+  // would had every local header been checked before anything else.
+  ZipMemorySource bytes(file, context.await_bytes, context.read_ahead_from);
   // TorchScript archives are named as such even when they would fail a zip
   // check first (their code/ records are often deflated).
-  ZipArchive archive = read_zip_directory(file, limits, screen_torchscript_record);
-  check_record_names(archive);
+  ZipArchive archive = read_zip_central_directory(bytes, limits, screen_torchscript_record);
+  ZipLocalEntries locals(bytes, archive);
   MemoryRecordSource source(file, owner);
+  if (context.await_bytes && !parse_while_read(archive, file.size())) context.await_bytes(0, file.size());
+  bool swaps_in_place = false;
+  try {
+    check_record_names(archive);
+    check_records_ahead_of_the_pickle(archive, locals, bytes, limits, context);
+    const ZipEntry* byteorder = archive.find("byteorder");
+    swaps_in_place = byteorder && byteorder->size == 3 && as_text(zip_entry_bytes(file, *byteorder)) == "big";
+  } catch (...) {
+    locals.finish();
+    throw;
+  }
 
   // CRC-32 verification reads every payload byte while the records are
   // interpreted and the pickle runs; neither reads what the other writes, with
@@ -216,17 +281,10 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // checked first. A CRC failure is always reported ahead of anything the
   // records said, so a damaged record is reported as damage, not as a strange
   // value.
-  //
-  // The records are shared out between a helper thread, which starts once the
-  // file's SHA-256 is done (where another thread still computes it, that
-  // thread is the critical path and has a core of its own), and this thread,
-  // which joins in once the pickle is read. A file of a few large tensors is
-  // checked by this thread while the hash finishes; one of many small tensors
-  // by the helper while this thread runs the pickle.
-  const ZipEntry* byteorder = archive.find("byteorder");
-  const bool swaps_in_place = byteorder && byteorder->size == 3 && as_text(zip_entry_bytes(file, *byteorder)) == "big";
   if (swaps_in_place) {
+    locals.finish();
     if (context.before_in_place_write) context.before_in_place_write();
+    if (context.await_bytes) context.await_bytes(0, file.size());
     verify_zip_crcs(archive, file, limits);
     return interpret_zip_records(archive, source, limits);
   }
@@ -235,16 +293,47 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // has passed them; its CRC-32 is therefore checked first, on this thread.
   InterpretOptions interpret;
   const ZipEntry* pickle = archive.find("data.pkl");
+  // The central directory and the end records after it are spent once
+  // hashed: the entries were copied out (read_zip_central_directory checked
+  // that no record lies past the directory's start).
+  bool directory_released = false;
+  const auto release_directory = [&] {
+    if (directory_released || !context.release_spent_bytes) return;
+    io::release_whole_pages(file.data() + archive.central_directory_offset,
+                            file.size() - archive.central_directory_offset);
+    directory_released = true;
+  };
   if (context.release_spent_bytes && pickle && pickle->size <= limits.max_pickle_bytes) {
     crcs.check_now(static_cast<std::size_t>(pickle - archive.entries.data()));
     const std::byte* pickle_bytes = file.data() + pickle->data_offset;
     const std::uint64_t pickle_offset = pickle->data_offset;
-    interpret.on_pickle_spent = [&context, pickle_bytes, pickle_offset](std::size_t spent) {
+    interpret.on_pickle_spent = [&context, &release_directory, pickle_bytes, pickle_offset,
+                                 size = file.size()](std::size_t spent) {
+      const std::size_t hashed = context.bytes_hashed ? context.bytes_hashed() : size;
+      // The directory is at the end, so it is hashed once every byte is.
+      if (hashed == size) release_directory();
       // Not hashed yet: the next report, or the end of the load, gives them back.
-      if (context.bytes_hashed && context.bytes_hashed() < pickle_offset + spent) return;
+      if (hashed < pickle_offset + spent) return;
       io::release_whole_pages(pickle_bytes, spent);
     };
   }
+  interpret.before_storage = [&locals](std::size_t index) { locals.check(index); };
+  // The record list is made last, once the pickle's pages are given back: at
+  // a million records it is as large as they are.
+  interpret.list_records = false;
+  ParsedFile parsed;
+  std::exception_ptr parse_failure;
+  try {
+    parsed = interpret_zip_records(archive, source, limits, interpret);
+  } catch (...) {
+    parse_failure = std::current_exception();
+  }
+  locals.finish();
+
+  // The rest of the records' CRC-32s are shared out between a helper thread,
+  // which starts once the file's SHA-256 is done (where another thread still
+  // computes it, that thread is the critical path and has a core of its own),
+  // and this thread.
   std::exception_ptr digest_failure;
   std::thread crc_helper([&] {
     try {
@@ -253,24 +342,14 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
       digest_failure = std::current_exception();  // the caller reports the mismatch itself
       return;
     }
-    // Hashed, and its entries already copied out: the directory and the end
-    // records after it are spent (read_zip_directory checked that no record
-    // lies past the directory's start).
-    if (context.release_spent_bytes) {
-      io::release_whole_pages(file.data() + archive.central_directory_offset,
-                              file.size() - archive.central_directory_offset);
-    }
+    release_directory();
     crcs.work();
   });
-  ParsedFile parsed;
-  std::exception_ptr parse_failure;
-  // The record list is made last, once the pickle's pages are given back: at
-  // a million records it is as large as they are.
-  interpret.list_records = false;
   try {
-    parsed = interpret_zip_records(archive, source, limits, interpret);
+    if (context.await_bytes) context.await_bytes(0, file.size());
   } catch (...) {
-    parse_failure = std::current_exception();
+    crc_helper.join();
+    throw;
   }
   crcs.work();
   crc_helper.join();
@@ -368,7 +447,7 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
     fail(ErrorCode::pickle_too_large, "data.pkl is ", pickle->size, " bytes, above the limit of ",
          limits.max_pickle_bytes, " (Limits::max_pickle_bytes)");
   }
-  ZipStorageResolver resolver(archive, source, big_endian);
+  ZipStorageResolver resolver(archive, source, big_endian, options.before_storage);
   PickleOptions pickle_options;
   pickle_options.drop_tensors = options.drop_tensors;
   pickle_options.on_spent = options.on_pickle_spent;
@@ -450,6 +529,12 @@ ParsedFile read_checkpoint_file(std::span<std::byte> file, const std::shared_ptr
                                 const ParseContext& context) {
   if (file.size() > limits.max_file_bytes) {
     fail(ErrorCode::file_too_large, "file is ", file.size(), " bytes, above the limit of ", limits.max_file_bytes);
+  }
+  // A file still arriving: a zip archive is read as it comes; the other
+  // formats are parsed once every byte is in.
+  if (context.await_bytes) {
+    context.await_bytes(0, 4);
+    if (!starts_with(file, "PK\x03\x04")) context.await_bytes(0, file.size());
   }
   switch (detect_format(file)) {
     case FileFormat::pytorch_zip: return read_zip_checkpoint(file, owner, limits, context);

@@ -100,6 +100,11 @@ struct InterpretOptions {
   bool list_records = true;   // fill ParsedFile::records
   // PickleOptions::on_spent, for data.pkl.
   std::function<void(std::size_t spent_bytes)> on_pickle_spent;
+  // Called with a storage record's entry index before the storage is made
+  // from it: where the local stage runs entry by entry (ZipLocalEntries),
+  // this checks the entry's local header, which sets its data_offset. Empty:
+  // every entry was checked before.
+  std::function<void(std::size_t entry_index)> before_storage;
 };
 
 // The record policy of docs/format.md §4 after the zip checks and CRCs: record

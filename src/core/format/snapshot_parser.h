@@ -1,7 +1,7 @@
 // A SnapshotParser (holdpoint/base/snapshot.h) that parses a checkpoint while
-// its SHA-256 is still being computed, for the reads that return a mapping:
+// the file is still being read and hashed, for the reads that return a mapping:
 // load_checkpoint_mapping and RunDirectory::load. `out` is filled on the
-// reading thread and may be used only if the read returns normally (the
+// calling thread and may be used only if the read returns normally (the
 // digest matched); a big-endian archive is byte-swapped only after that.
 #pragma once
 
@@ -11,12 +11,13 @@
 namespace holdpoint::format {
 
 inline io::SnapshotParser checkpoint_parser(LoadedMapping& out, const Limits& limits) {
-  return [&out, &limits](const std::shared_ptr<io::Buffer>& buffer, const std::function<void()>& await_digest,
-                         const std::function<std::size_t()>& bytes_hashed) {
+  return [&out, &limits](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
     ParseContext context;
-    context.before_in_place_write = await_digest;
-    context.await_digest = await_digest;
-    context.bytes_hashed = bytes_hashed;
+    context.before_in_place_write = reading.await_digest;
+    context.await_digest = reading.await_digest;
+    context.bytes_hashed = reading.bytes_hashed;
+    context.await_bytes = reading.await_bytes;
+    context.read_ahead_from = reading.read_ahead_from;
     context.release_spent_bytes = true;  // `out` keeps the tensors; nothing else reads the buffer
     out = parse_checkpoint_bytes(buffer->bytes(), buffer, limits, context);
     out.snapshot = buffer;

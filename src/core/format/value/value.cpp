@@ -265,20 +265,9 @@ void Dict::rebuild_index() {
   std::size_t capacity = 64;
   while (capacity < 2 * entries_.size()) capacity *= 2;
   slots_.assign(capacity, 0);
-  // Hashed kAhead entries ahead, with their home slot prefetched, so that
-  // the probes of a large table do not each wait on memory.
-  constexpr std::size_t kAhead = 8;
-  std::uint64_t ahead[kAhead];
-  const auto hash_ahead = [&](std::size_t i) {
-    ahead[i % kAhead] = key_hash(entries_[i].first);
-    __builtin_prefetch(&slots_[ahead[i % kAhead] & (capacity - 1)], 1);
-  };
-  for (std::size_t i = 0; i < std::min(kAhead, entries_.size()); ++i) hash_ahead(i);
-  for (std::size_t i = 0; i < entries_.size(); ++i) {
-    const std::uint64_t hash = ahead[i % kAhead];
-    if (i + kAhead < entries_.size()) hash_ahead(i + kAhead);
-    index_entry(static_cast<std::uint32_t>(i), hash);
-  }
+  detail::for_each_hashed_ahead(
+      entries_.size(), slots_.data(), capacity - 1, [&](std::size_t i) { return key_hash(entries_[i].first); },
+      [&](std::size_t i, std::uint64_t hash) { index_entry(static_cast<std::uint32_t>(i), hash); });
 }
 
 template <typename Key>

@@ -396,33 +396,25 @@ void index_records(ZipArchive& archive) {
   slots.assign(record_index_size(entries.size()), 0);
   const std::size_t mask = slots.size() - 1;
   const detail::SlotCode code(slots.size());
-  // Hashed kAhead entries ahead, with their home slot prefetched: at a
-  // million records the table is 8 MiB and each first probe would otherwise
-  // wait on memory.
-  constexpr std::size_t kAhead = 8;
-  std::uint64_t ahead[kAhead];
-  const auto hash_ahead = [&](std::size_t i) {
-    ahead[i % kAhead] = zip::folded_hash(entries[i].record());
-    __builtin_prefetch(&slots[ahead[i % kAhead] & mask], 1);
-  };
-  for (std::size_t i = 0; i < std::min(kAhead, entries.size()); ++i) hash_ahead(i);
-  for (std::uint32_t i = 0; i < entries.size(); ++i) {
-    const ZipEntry& entry = entries[i];
-    const std::uint64_t hash = ahead[i % kAhead];
-    if (i + kAhead < entries.size()) hash_ahead(i + kAhead);
-    std::size_t slot = hash & mask;
-    for (; slots[slot] != 0; slot = (slot + 1) & mask) {
-      if (!code.may_hold(slots[slot], hash)) continue;
-      const std::uint32_t earlier = code.position(slots[slot]);
-      if (!zip::equal_folded(entries[earlier].record(), entry.record())) continue;
-      if (entries[earlier].name == entry.name) {
-        fail(ErrorCode::zip_name_duplicate, entry_label(i, entry.name), ": same name as entry ", earlier);
-      }
-      fail(ErrorCode::zip_name_case_duplicate, entry_label(i, entry.name), ": differs only in case from ",
-           entry_label(earlier, entries[earlier].name));
-    }
-    slots[slot] = code.encode(i, hash);
-  }
+  // At a million records the table is 8 MiB: hashes are taken ahead.
+  detail::for_each_hashed_ahead(
+      entries.size(), slots.data(), mask, [&](std::size_t i) { return zip::folded_hash(entries[i].record()); },
+      [&](std::size_t index, std::uint64_t hash) {
+        const auto i = static_cast<std::uint32_t>(index);
+        const ZipEntry& entry = entries[i];
+        std::size_t slot = hash & mask;
+        for (; slots[slot] != 0; slot = (slot + 1) & mask) {
+          if (!code.may_hold(slots[slot], hash)) continue;
+          const std::uint32_t earlier = code.position(slots[slot]);
+          if (!zip::equal_folded(entries[earlier].record(), entry.record())) continue;
+          if (entries[earlier].name == entry.name) {
+            fail(ErrorCode::zip_name_duplicate, entry_label(i, entry.name), ": same name as entry ", earlier);
+          }
+          fail(ErrorCode::zip_name_case_duplicate, entry_label(i, entry.name), ": differs only in case from ",
+               entry_label(earlier, entries[earlier].name));
+        }
+        slots[slot] = code.encode(i, hash);
+      });
 }
 
 // ---- local headers and layout --------------------------------------------------
@@ -610,21 +602,35 @@ ZipArchive read_zip_directory(ZipByteSource& file, const Limits& limits, const E
   return archive;
 }
 
-void read_zip_local_entries(ZipByteSource& file, ZipArchive& archive) {
+void read_zip_local_entries(ZipByteSource& file, ZipArchive& archive) { ZipLocalEntries(file, archive).finish(); }
+
+void ZipLocalEntries::check(std::size_t index) {
+  if (checked_[index]) return;
+  read_local_entry(file_, archive_.central_directory_offset, index, archive_.entries[index]);
+  checked_[index] = true;
+}
+
+void ZipLocalEntries::finish() {
   // The headers lie a record apart, further than the hardware prefetcher
   // looks ahead; in a file larger than the caches each would wait on memory.
   constexpr std::size_t kAhead = 8;
-  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
-    if (i + kAhead < archive.entries.size()) file.prefetch(archive.entries[i + kAhead].local_header_offset);
-    read_local_entry(file, archive.central_directory_offset, i, archive.entries[i]);
+  const auto& entries = archive_.entries;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (i + kAhead < entries.size() && !checked_[i + kAhead]) file_.prefetch(entries[i + kAhead].local_header_offset);
+    check(i);
   }
-  check_zip_layout(archive);
+  check_zip_layout(archive_);
 }
 
 ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits, const EntryNameScreen& screen) {
   // An archive without entries is nothing but its end record; name that
   // precisely rather than as a missing local header.
   const std::uint64_t file_size = file.size();
+  // The end records lie in the last bytes (a zip64 end record just before
+  // its locator), and the directory right before them: a file still arriving
+  // is asked for its end first.
+  constexpr std::uint64_t kEndRecordsBytes = std::uint64_t{64} << 10;
+  file.read_ahead_from(file_size > kEndRecordsBytes ? file_size - kEndRecordsBytes : 0);
   const std::uint32_t first_signature = file_size < 4 ? 0 : load_u32(file.read(0, 4), 0);
   const bool bare_end_record = file_size == zip::kEndSize && first_signature == zip::kEndSignature;
   if (!bare_end_record && (file_size < 4 || first_signature != zip::kLocalHeaderSignature)) {
@@ -661,6 +667,7 @@ ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits,
   archive.names = names;
   // The size was bounded by Limits::max_central_directory_bytes above, and the
   // directory ends where the end records start, inside the file.
+  file.read_ahead_from(bounds.offset);
   const FileWindow directory{file.read(bounds.offset, static_cast<std::size_t>(bounds.size)), bounds.offset};
   std::uint64_t pos = bounds.offset;
   for (std::size_t i = 0; i < archive.entries.size(); ++i) {

@@ -94,22 +94,37 @@ class ZipByteSource {
   virtual std::span<const std::byte> read(std::uint64_t offset, std::size_t length) = 0;
   // A hint that `offset` is read soon; only speed, and any offset is allowed.
   virtual void prefetch(std::uint64_t /*offset*/) noexcept {}
+  // A hint that [offset, end of file) is read next, before the bytes ahead of
+  // it: the end records and the central directory are at the end.
+  virtual void read_ahead_from(std::uint64_t /*offset*/) {}
 };
 
-// A file held in memory, read without copying.
+// A file held in memory, read without copying. For a file still being read
+// into that memory, `await` (ParseContext::await_bytes) is called before each
+// read and `read_ahead` (ParseContext::read_ahead_from) takes the hint; both
+// may be empty.
 class ZipMemorySource final : public ZipByteSource {
  public:
-  explicit ZipMemorySource(std::span<const std::byte> file) : file_(file) {}
+  explicit ZipMemorySource(std::span<const std::byte> file,
+                           std::function<void(std::uint64_t offset, std::uint64_t size)> await = {},
+                           std::function<void(std::uint64_t offset)> read_ahead = {})
+      : file_(file), await_(std::move(await)), read_ahead_(std::move(read_ahead)) {}
   std::uint64_t size() const override { return file_.size(); }
   std::span<const std::byte> read(std::uint64_t offset, std::size_t length) override {
+    if (await_) await_(offset, length);
     return file_.subspan(offset, length);
   }
   void prefetch(std::uint64_t offset) noexcept override {
     if (offset < file_.size()) __builtin_prefetch(file_.data() + offset);
   }
+  void read_ahead_from(std::uint64_t offset) override {
+    if (read_ahead_) read_ahead_(offset);
+  }
 
  private:
   std::span<const std::byte> file_;
+  std::function<void(std::uint64_t, std::uint64_t)> await_;
+  std::function<void(std::uint64_t)> read_ahead_;
 };
 
 ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits,
@@ -123,6 +138,28 @@ ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits,
 // The second stage (§3.4): every entry's local header and data descriptor in
 // directory order (filling data_offset and end_offset), then the layout.
 void read_zip_local_entries(ZipByteSource& file, ZipArchive& archive);
+
+// The second stage entry by entry, in any order: for a reader that needs some
+// entries before others while the file is still arriving (the records the
+// pickle reads first, then each storage as the pickle names it). finish()
+// checks the entries not checked yet, in directory order, then the layout. A
+// check passes or fails the same way each time, so the error finish() throws
+// is the one read_zip_local_entries would have thrown, whatever was checked
+// before it.
+class ZipLocalEntries {
+ public:
+  ZipLocalEntries(ZipByteSource& file, ZipArchive& archive)
+      : file_(file), archive_(archive), checked_(archive.entries.size()) {}
+  // Checks entry `index` (filling its data_offset and end_offset) unless that
+  // was done; throws its error.
+  void check(std::size_t index);
+  void finish();
+
+ private:
+  ZipByteSource& file_;
+  ZipArchive& archive_;
+  std::vector<bool> checked_;
+};
 
 // ---- the local stage, one step at a time --------------------------------------
 // For entry `index` at local header offset `lho` (lho + 30 <= file size):
