@@ -72,7 +72,8 @@ class Buffer {
   // Faults in [offset, offset + size) for writing, in one call per range
   // (MADV_POPULATE_WRITE; kernels before 5.14 ignore it and the pages fault
   // on first write instead). Where that range brought in fresh huge pages
-  // slower than `slowest_huge_page_fill` bytes per second, the huge pages
+  // slower than `slowest_huge_page_fill` bytes per second of this thread's
+  // CPU time (a wait for a core is not a slow fill), the huge pages
   // not yet touched are given up (MADV_NOHUGEPAGE) and the rest of the
   // buffer fills in small pages: the free huge blocks are then ones the host
   // took back, and each further one would cost as much. Call it in

@@ -22,6 +22,7 @@
 
 #include "base/fail.h"
 #include "base/file_descriptor.h"
+#include "base/file_stream.h"
 
 namespace holdpoint::io {
 
@@ -267,7 +268,13 @@ class SnapshotReader {
     const std::uint64_t end = offset + std::min<std::uint64_t>(size, size_ - offset);
     if (covered(offset, end)) return;
     std::unique_lock lock(mutex_);
+    // The reader wakes waiters only once the in-order pass has reached what
+    // they wait for: a wake per chunk would take a core from it and the
+    // hasher each time.
+    ++waiters_;
+    wake_at_ = std::min<std::uint64_t>(wake_at_, end);
     changed_.wait(lock, [&] { return read_done_ || covered(offset, end); });
+    if (--waiters_ == 0) wake_at_ = UINT64_MAX;
     if (read_failure_) std::rethrow_exception(read_failure_);
   }
 
@@ -312,14 +319,12 @@ class SnapshotReader {
       // A small first piece lets the hasher start almost at once.
       const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
       const std::size_t want = std::min<std::size_t>(chunk, tail - done);
+      buffer_.populate(done, want);
       // In pieces, so that a request for the end waits for one piece at
       // most; the chunk lies below any request served here.
       for (std::size_t piece = 0; piece < want; piece += kReadPieceBytes) {
         if (piece != 0) read_tail_if_wanted(done + want);
         const std::size_t length = std::min(kReadPieceBytes, want - piece);
-        // Faulting the pages in one call is cheaper than faulting them one
-        // by one inside read().
-        buffer_.populate(done + piece, length);
         const std::size_t got = read_at(done + piece, length);
         if (got != length) {
           fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", done + piece + got, " bytes");
@@ -358,11 +363,13 @@ class SnapshotReader {
 
   void publish(std::size_t done) {
     const std::size_t tail = tail_.load(std::memory_order_relaxed);
+    bool wake = false;
     {
       const std::lock_guard lock(mutex_);
       in_order_.store(done, std::memory_order_release);
+      wake = waiters_ > 0 && (done >= wake_at_ || done >= tail);
     }
-    changed_.notify_all();
+    if (wake) changed_.notify_all();
     // The hasher may run on to the end once the in-order pass meets the tail.
     filled_.store(done >= tail ? size_ : done, std::memory_order_release);
     filled_.notify_one();
@@ -374,28 +381,12 @@ class SnapshotReader {
     return end <= in_order || offset >= tail || in_order >= tail;
   }
 
-  std::size_t read_at(std::size_t offset, std::size_t size) {
-    std::size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::pread(fd_, data_ + offset + done, size - done, static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        fail(ErrorCode::io_read_failed, "read failed at offset ", offset + done, ": ", std::strerror(errno));
-      }
-      if (n == 0) break;
-      done += static_cast<std::size_t>(n);
-    }
-    return done;
-  }
+  std::size_t read_at(std::size_t offset, std::size_t size) { return pread_fully(fd_, data_ + offset, size, offset); }
 
   void check_no_more_bytes() {
     std::byte probe;
-    for (;;) {
-      const ssize_t n = ::pread(fd_, &probe, 1, static_cast<off_t>(size_));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail(ErrorCode::io_read_failed, "read failed at offset ", size_, ": ", std::strerror(errno));
-      if (n > 0) fail(ErrorCode::file_changed_during_read, "file grew beyond ", size_, " bytes while being read");
-      return;
+    if (pread_fully(fd_, &probe, 1, size_) != 0) {
+      fail(ErrorCode::file_changed_during_read, "file grew beyond ", size_, " bytes while being read");
     }
   }
 
@@ -442,6 +433,8 @@ class SnapshotReader {
   std::atomic<std::size_t> in_order_{0};  // [0, in_order_) is read
   std::atomic<std::size_t> tail_;         // [tail_, size_) is read
   std::atomic<std::size_t> tail_wanted_;  // the lowest read_ahead_from asked for
+  std::size_t waiters_ = 0;               // threads in await_bytes
+  std::uint64_t wake_at_ = UINT64_MAX;    // the least in-order end they wait for
   bool read_done_ = false;
   std::exception_ptr read_failure_;
   std::thread read_thread_;

@@ -243,10 +243,10 @@ void check_records_ahead_of_the_pickle(const ZipArchive& archive, ZipLocalEntrie
 // bounds the load: records of under 2 KiB on average (a record costs about as
 // much to interpret as 1.5 KiB to hash). Elsewhere the pickle waits for the
 // read, and runs beside the hasher alone.
-bool parse_while_read(const ZipArchive& archive, std::uint64_t file_size) {
+bool parse_while_read(std::uint64_t entry_count, std::uint64_t file_size) {
   constexpr std::uint64_t kParseBoundRecordBytes = 2048;
   static const unsigned cores = std::thread::hardware_concurrency();
-  return cores >= 3 || file_size / std::max<std::size_t>(archive.entries.size(), 1) < kParseBoundRecordBytes;
+  return cores >= 3 || file_size / std::max<std::uint64_t>(entry_count, 1) < kParseBoundRecordBytes;
 }
 
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
@@ -257,13 +257,25 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // the pickle names it. Errors found meanwhile wait for the local stage to
   // complete (ZipLocalEntries::finish), whose own errors come first, as they
   // would had every local header been checked before anything else.
-  ZipMemorySource bytes(file, context.await_bytes, context.read_ahead_from);
+  // Where the pickle is to wait for the read anyway, the directory is not
+  // asked for ahead of its turn either: that would only hold the hasher up.
+  bool overlap = false;
+  const auto directory_found = [&](std::uint64_t offset, std::uint64_t entry_count) {
+    overlap = context.await_bytes && parse_while_read(entry_count, file.size());
+    if (overlap && context.read_ahead_from) context.read_ahead_from(offset);
+  };
+  ZipMemorySource bytes(file, context.await_bytes, context.read_ahead_from, directory_found);
   // TorchScript archives are named as such even when they would fail a zip
   // check first (their code/ records are often deflated).
   ZipArchive archive = read_zip_central_directory(bytes, limits, screen_torchscript_record);
   ZipLocalEntries locals(bytes, archive);
   MemoryRecordSource source(file, owner);
-  if (context.await_bytes && !parse_while_read(archive, file.size())) context.await_bytes(0, file.size());
+  if (!overlap) {
+    // Every byte first, then every local header in one pass (which prefetches
+    // ahead), as read_zip_directory checks them.
+    if (context.await_bytes) context.await_bytes(0, file.size());
+    locals.finish();
+  }
   bool swaps_in_place = false;
   try {
     check_record_names(archive);

@@ -611,6 +611,7 @@ void ZipLocalEntries::check(std::size_t index) {
 }
 
 void ZipLocalEntries::finish() {
+  if (finished_) return;
   // The headers lie a record apart, further than the hardware prefetcher
   // looks ahead; in a file larger than the caches each would wait on memory.
   constexpr std::size_t kAhead = 8;
@@ -620,6 +621,7 @@ void ZipLocalEntries::finish() {
     check(i);
   }
   check_zip_layout(archive_);
+  finished_ = true;
 }
 
 ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits, const EntryNameScreen& screen) {
@@ -667,7 +669,7 @@ ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits,
   archive.names = names;
   // The size was bounded by Limits::max_central_directory_bytes above, and the
   // directory ends where the end records start, inside the file.
-  file.read_ahead_from(bounds.offset);
+  file.directory_found(bounds.offset, bounds.entry_count);
   const FileWindow directory{file.read(bounds.offset, static_cast<std::size_t>(bounds.size)), bounds.offset};
   std::uint64_t pos = bounds.offset;
   for (std::size_t i = 0; i < archive.entries.size(); ++i) {
