@@ -24,8 +24,10 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "base/publish.h"
+#include "base/reader_thread.h"
 #include "format/pt_writer.h"
 #include "format/zip/zip_reader.h"
 #include "format/zip/zip_writer.h"
@@ -142,14 +144,18 @@ const format::ZipEntry& entry_named(const format::ZipArchive& archive, std::stri
 // cannot be confused with anything else.
 constexpr ErrorCode kParserCode = ErrorCode::pickle_opcode_forbidden;
 
-class SnapshotParserContract : public ::testing::TestWithParam<std::size_t> {
+// Sizes, with a large file read by a thread of its own or by the parser's.
+class SnapshotParserContract : public ::testing::TestWithParam<std::tuple<std::size_t, io::ReaderThread>> {
  protected:
   void SetUp() override {
-    bytes_ = pattern_bytes(GetParam(), GetParam() + 7);
+    io::reader_thread_mode = std::get<1>(GetParam());
+    const std::size_t size = std::get<0>(GetParam());
+    bytes_ = pattern_bytes(size, size + 7);
     path_ = dir_ / "file.bin";
     write_all(path_, bytes_);
     digest_ = Sha256::of(bytes_);
   }
+  void TearDown() override { io::reader_thread_mode = io::ReaderThread::by_cores; }
   io::Snapshot read(const std::optional<Sha256Digest>& expected, const io::SnapshotParser& parse = {}) {
     return io::read_snapshot(path_, bytes_.size() + 1, expected, {}, parse);
   }
@@ -301,6 +307,9 @@ TEST_P(SnapshotParserContract, AwaitedBytesAreTheFilesInWhateverOrderTheParserAs
 }
 
 TEST(SnapshotParserContract, AFileThatShrinksWhileTheParserAwaitsItFailsTheReadAndNeverHangs) {
+  for (const auto mode : {io::ReaderThread::always, io::ReaderThread::never}) {
+  io::reader_thread_mode = mode;
+  SCOPED_TRACE(mode == io::ReaderThread::always ? "reader thread" : "parser reads");
   TempDir dir;
   const auto bytes = pattern_bytes(64 * kMiB, 11);
   const auto path = dir / "f.bin";
@@ -315,14 +324,21 @@ TEST(SnapshotParserContract, AFileThatShrinksWhileTheParserAwaitsItFailsTheReadA
                                       }),
                     ErrorCode::file_changed_during_read);
   EXPECT_FALSE(awaited_end) << "await_bytes returned bytes the reader never read";
+  }
+  io::reader_thread_mode = io::ReaderThread::by_cores;
 }
 
 // 0 and small sizes hash on the reading thread; from 8 MiB a second thread
 // hashes behind the reader. 16 MiB + 3 ends in a partial chunk.
 INSTANTIATE_TEST_SUITE_P(Sizes, SnapshotParserContract,
-                         ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{4096 + 7}, 8 * kMiB - 1,
-                                           8 * kMiB, 16 * kMiB + 3),
-                         [](const auto& info) { return "bytes_" + std::to_string(info.param); });
+                         ::testing::Combine(::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{4096 + 7},
+                                                              8 * kMiB - 1, 8 * kMiB, 16 * kMiB + 3),
+                                            ::testing::Values(io::ReaderThread::always, io::ReaderThread::never)),
+                         [](const auto& info) {
+                           return "bytes_" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == io::ReaderThread::always ? "_reader_thread"
+                                                                                       : "_parser_reads");
+                         });
 
 TEST(SnapshotParserContract, DirectoryReadKeepsTheContract) {
   TempDir dir;

@@ -14,6 +14,8 @@
 #include <map>
 #include <sstream>
 
+#include "base/reader_thread.h"
+#include "format/pt_reader.h"
 #include "format/zip/zip_reader.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "support/dropped_tensors.h"
@@ -384,8 +386,6 @@ TEST(ScanMatchesLoad, MalformedArchiveLayouts) {
 TEST(ScanMatchesLoad, LargeFilesParsedWhileReadReportTheDamageAReadingInOrderFindsFirst) {
   TempDir dir;
   const auto clean = dir / "clean.pt";
-  // Records of about 1.3 KiB: few enough bytes per record that the pickle
-  // runs while the file is read, even on two cores.
   save_mapping(clean, flat_mapping(9000, 300), scratch_save());
   const auto bytes = read_file_bytes(clean);
   ASSERT_GE(bytes.size(), std::size_t{9} << 20) << "the file must be large enough to be read on a thread of its own";
@@ -415,6 +415,19 @@ TEST(ScanMatchesLoad, LargeFilesParsedWhileReadReportTheDamageAReadingInOrderFin
       {"the last storage's local name", {header("data/8999") + 30 + 6}, std::nullopt},
       {"a storage's local name and the pickle", {header("data/6000") + 30 + 6, payload("data.pkl")}, std::nullopt},
   };
+  // Parsed as it arrives (as on three cores or more), and after the read.
+  // With a reader thread or with the parser's thread reading.
+  struct ModeReset {
+    ~ModeReset() {
+      format::parse_while_read_mode = format::ParseWhileRead::by_cores;
+      io::reader_thread_mode = io::ReaderThread::by_cores;
+    }
+  } reset;
+  for (const int way : {0, 1, 2}) {
+  format::parse_while_read_mode = way == 2 ? format::ParseWhileRead::never : format::ParseWhileRead::always;
+  io::reader_thread_mode = way == 0 ? io::ReaderThread::always : io::ReaderThread::never;
+  SCOPED_TRACE(way == 0 ? "parsed while a reader thread reads" : way == 1 ? "parsed as the parser reads" : "parsed after the read");
+  EXPECT_EQ(loaded(clean).code, std::nullopt) << "the undamaged file reads";
   for (const Damage& damage : damages) {
     SCOPED_TRACE(damage.name);
     std::vector<std::byte> damaged = bytes;
@@ -432,6 +445,7 @@ TEST(ScanMatchesLoad, LargeFilesParsedWhileReadReportTheDamageAReadingInOrderFin
     }
     EXPECT_EQ(load.code, in_memory.code) << "the parse of the whole file in memory";
     expect_same_reading(path);
+  }
   }
 }
 

@@ -147,10 +147,12 @@ struct SnapshotReading {
   static SnapshotReading complete(std::size_t size);
 };
 
-// Parses the buffer while the file is still being read and hashed. Large
-// files (8 MiB and more) are read by a thread of their own while the parser
-// runs on the calling thread, so parsing overlaps reading as well as hashing;
-// small ones are read first. Whatever the parser produces must not be used
+// Parses the buffer while the file is still being read and hashed; the
+// parser runs on the calling thread. A large file (8 MiB and more) is read by
+// a thread of its own where the machine has three cores or more, so parsing
+// overlaps reading as well as hashing; on fewer, the parser's thread reads as
+// far as each await_bytes needs (src/core/base/reader_thread.h). A small file
+// is read first. Whatever the parser produces must not be used
 // unless read_snapshot returns normally. A failed read is reported first,
 // then a digest mismatch, then the parser's own error.
 using SnapshotParser = std::function<void(const std::shared_ptr<Buffer>& buffer, const SnapshotReading& reading)>;

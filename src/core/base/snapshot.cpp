@@ -23,10 +23,13 @@
 #include "base/fail.h"
 #include "base/file_descriptor.h"
 #include "base/file_stream.h"
+#include "base/reader_thread.h"
 
 namespace holdpoint::io {
 
 using detail::fail;
+
+std::atomic<ReaderThread> reader_thread_mode{ReaderThread::by_cores};
 
 namespace {
 
@@ -231,14 +234,24 @@ class SnapshotReader {
     }
   }
 
-  // Reads a large file on a thread of its own, for a parser that runs
-  // meanwhile; finish_read() joins it. A small file is read at once.
+  // Starts reading for a parser that runs meanwhile. A small file is read at
+  // once. A large one is read by a thread of its own where the machine has a
+  // core each for the reader, the hasher and the parser; on fewer, a third
+  // busy thread would take CPU from the hasher, so the parser's own thread
+  // reads instead, as far as each await_bytes needs (and the rest in
+  // finish_read): reading and parsing then alternate beside the hasher.
   void start_reading() {
     if (size_ < kThreadedHashBytes) {
       read();
       return;
     }
     hash_thread_ = std::thread([this] { hash_loop(); });
+    static const bool enough_cores = std::thread::hardware_concurrency() >= 3;
+    const ReaderThread mode = reader_thread_mode.load(std::memory_order_relaxed);
+    if (mode == ReaderThread::never || (mode == ReaderThread::by_cores && !enough_cores)) {
+      pulled_ = true;
+      return;
+    }
     read_thread_ = std::thread([this] {
       try {
         read_in_order();
@@ -257,6 +270,7 @@ class SnapshotReader {
   // Joins the reading thread and rethrows its failure.
   void finish_read() {
     if (read_thread_.joinable()) read_thread_.join();
+    if (pulled_) pull(size_, 0);
     if (read_failure_) {
       stop_hashing();
       std::rethrow_exception(read_failure_);
@@ -267,6 +281,11 @@ class SnapshotReader {
     if (offset >= size_) return;
     const std::uint64_t end = offset + std::min<std::uint64_t>(size, size_ - offset);
     if (covered(offset, end)) return;
+    if (pulled_) {
+      pull(offset, end);
+      if (read_failure_) std::rethrow_exception(read_failure_);
+      return;
+    }
     std::unique_lock lock(mutex_);
     // The reader wakes waiters only once the in-order pass has reached what
     // they wait for: a wake per chunk would take a core from it and the
@@ -310,35 +329,59 @@ class SnapshotReader {
   // hasher follows behind. SHA-256 is sequential, so this is the best two
   // cores can do for one stream.
   void read_in_order() {
-    std::size_t done = 0;
-    std::size_t reported = 0;
-    while (done < tail_.load(std::memory_order_relaxed)) {
-      read_tail_if_wanted(done);
-      const std::size_t tail = tail_.load(std::memory_order_relaxed);
-      if (done >= tail) break;
-      // A small first piece lets the hasher start almost at once.
-      const std::size_t chunk = done == 0 ? kFirstChunkBytes : kChunkBytes;
-      const std::size_t want = std::min<std::size_t>(chunk, tail - done);
-      buffer_.populate(done, want);
-      // In pieces, so that a request for the end waits for one piece at
-      // most; the chunk lies below any request served here.
-      for (std::size_t piece = 0; piece < want; piece += kReadPieceBytes) {
-        if (piece != 0) read_tail_if_wanted(done + want);
-        const std::size_t length = std::min(kReadPieceBytes, want - piece);
-        const std::size_t got = read_at(done + piece, length);
-        if (got != length) {
-          fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", done + piece + got, " bytes");
-        }
-      }
-      done += want;
-      publish(done);
-      const std::size_t total = done + (size_ - tail_.load(std::memory_order_relaxed));
-      if (progress_ && (total / kProgressBytes != reported / kProgressBytes || total == size_)) {
-        progress_(total, size_);
-        reported = total;
-      }
+    while (read_step()) {
     }
     check_no_more_bytes();
+  }
+
+  // Reads on the calling thread until [offset, end) is in, or, with end 0,
+  // to the end of the file. A failure is kept for finish_read.
+  void pull(std::uint64_t offset, std::uint64_t end) {
+    const std::lock_guard lock(pull_mutex_);
+    if (read_done_) return;
+    try {
+      while (end == 0 || !covered(offset, end)) {
+        if (read_step()) continue;
+        check_no_more_bytes();
+        read_done_ = true;
+        return;
+      }
+    } catch (...) {
+      read_failure_ = std::current_exception();
+      read_done_ = true;
+    }
+  }
+
+  // Reads a request for the file's end, if one came in, and the next chunk
+  // in order; false once every byte is in.
+  bool read_step() {
+    read_tail_if_wanted(done_);
+    const std::size_t tail = tail_.load(std::memory_order_relaxed);
+    if (done_ >= tail) return false;
+    // A small first piece lets the hasher start almost at once.
+    const std::size_t chunk = done_ == 0 ? kFirstChunkBytes : kChunkBytes;
+    const std::size_t want = std::min<std::size_t>(chunk, tail - done_);
+    // Faulting the pages in one call is cheaper than faulting them one by
+    // one inside read().
+    buffer_.populate(done_, want);
+    // In pieces, so that a request for the end waits for one piece at most;
+    // the chunk lies below any request served here.
+    for (std::size_t piece = 0; piece < want; piece += kReadPieceBytes) {
+      if (piece != 0) read_tail_if_wanted(done_ + want);
+      const std::size_t length = std::min(kReadPieceBytes, want - piece);
+      const std::size_t got = read_at(done_ + piece, length);
+      if (got != length) {
+        fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", done_ + piece + got, " bytes");
+      }
+    }
+    done_ += want;
+    publish(done_);
+    const std::size_t total = done_ + (size_ - tail_.load(std::memory_order_relaxed));
+    if (progress_ && (total / kProgressBytes != reported_ / kProgressBytes || total == size_)) {
+      progress_(total, size_);
+      reported_ = total;
+    }
+    return done_ < tail_.load(std::memory_order_relaxed);
   }
 
   // Serves a request for the file's end, if one came in: the bytes from the
@@ -433,6 +476,10 @@ class SnapshotReader {
   std::atomic<std::size_t> in_order_{0};  // [0, in_order_) is read
   std::atomic<std::size_t> tail_;         // [tail_, size_) is read
   std::atomic<std::size_t> tail_wanted_;  // the lowest read_ahead_from asked for
+  std::size_t done_ = 0;                  // the in-order pass's position (its thread's)
+  std::size_t reported_ = 0;              // bytes last reported to progress_
+  bool pulled_ = false;                   // no reading thread: await_bytes reads
+  std::mutex pull_mutex_;                 // one thread pulls at a time
   std::size_t waiters_ = 0;               // threads in await_bytes
   std::uint64_t wake_at_ = UINT64_MAX;    // the least in-order end they wait for
   bool read_done_ = false;

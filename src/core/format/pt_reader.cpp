@@ -1,6 +1,7 @@
 #include "format/pt_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -20,6 +21,8 @@
 namespace holdpoint::format {
 
 using detail::fail;
+
+std::atomic<ParseWhileRead> parse_while_read_mode{ParseWhileRead::by_cores};
 
 namespace {
 
@@ -237,16 +240,19 @@ void check_records_ahead_of_the_pickle(const ZipArchive& archive, ZipLocalEntrie
   }
 }
 
-// Whether the pickle should run while the file is still being read. It then
-// shares the cores with the reader and the hasher; with fewer than three, it
-// takes CPU from the hasher, which pays only where the parse, not the hash,
-// bounds the load: records of under 2 KiB on average (a record costs about as
-// much to interpret as 1.5 KiB to hash). Elsewhere the pickle waits for the
-// read, and runs beside the hasher alone.
-bool parse_while_read(std::uint64_t entry_count, std::uint64_t file_size) {
-  constexpr std::uint64_t kParseBoundRecordBytes = 2048;
+// Whether the pickle runs while the file is still being read: where a core
+// is free for each of the reader, the hasher and the parser. On fewer, the
+// snapshot is read by the parser's own thread (io::SnapshotReading), so
+// reading and parsing would only alternate there, and measured slower than
+// reading first and checking every local header in one prefetched pass.
+bool parse_while_read() {
+  switch (parse_while_read_mode.load(std::memory_order_relaxed)) {
+    case ParseWhileRead::always: return true;
+    case ParseWhileRead::never: return false;
+    case ParseWhileRead::by_cores: break;
+  }
   static const unsigned cores = std::thread::hardware_concurrency();
-  return cores >= 3 || file_size / std::max<std::uint64_t>(entry_count, 1) < kParseBoundRecordBytes;
+  return cores >= 3;
 }
 
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
@@ -260,8 +266,8 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // Where the pickle is to wait for the read anyway, the directory is not
   // asked for ahead of its turn either: that would only hold the hasher up.
   bool overlap = false;
-  const auto directory_found = [&](std::uint64_t offset, std::uint64_t entry_count) {
-    overlap = context.await_bytes && parse_while_read(entry_count, file.size());
+  const auto directory_found = [&](std::uint64_t offset, std::uint64_t /*entry_count*/) {
+    overlap = context.await_bytes && parse_while_read();
     if (overlap && context.read_ahead_from) context.read_ahead_from(offset);
   };
   ZipMemorySource bytes(file, context.await_bytes, context.read_ahead_from, directory_found);
@@ -341,6 +347,8 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
     parse_failure = std::current_exception();
   }
   locals.finish();
+  // The CRCs read every payload byte.
+  if (context.await_bytes) context.await_bytes(0, file.size());
 
   // The rest of the records' CRC-32s are shared out between a helper thread,
   // which starts once the file's SHA-256 is done (where another thread still
@@ -357,12 +365,6 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
     release_directory();
     crcs.work();
   });
-  try {
-    if (context.await_bytes) context.await_bytes(0, file.size());
-  } catch (...) {
-    crc_helper.join();
-    throw;
-  }
   crcs.work();
   crc_helper.join();
   if (digest_failure) std::rethrow_exception(digest_failure);

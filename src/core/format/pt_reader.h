@@ -10,6 +10,7 @@
 // first check that fails; never executes anything from the file.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -71,6 +72,12 @@ ParsedFile parsed_safetensors(SafetensorsFile safetensors);
 void screen_torchscript_record(std::string_view name);
 // record_unknown for the first record a weights checkpoint does not have.
 void check_record_names(const ZipArchive& archive);
+
+// Whether a zip archive still being read into memory (ParseContext::
+// await_bytes) is parsed as it arrives: by default where the machine has
+// three cores or more (docs/format.md §11). Tests set it to take either way.
+enum class ParseWhileRead { by_cores, always, never };
+extern std::atomic<ParseWhileRead> parse_while_read_mode;
 
 // Records other than data/<key> hold at most this many bytes; longer ones are
 // refused by their size before their bytes are read (each with the code its
