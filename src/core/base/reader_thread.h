@@ -11,4 +11,9 @@ namespace holdpoint::io {
 enum class ReaderThread { by_cores, always, never };
 extern std::atomic<ReaderThread> reader_thread_mode;
 
+// Whether the machine has a core each for a reader, a hasher and a parser:
+// the one test behind both by_cores defaults (this one, and the zip reader's
+// format::parse_while_read_mode).
+bool cores_for_reading_while_parsing();
+
 }  // namespace holdpoint::io

@@ -31,6 +31,11 @@ using detail::fail;
 
 std::atomic<ReaderThread> reader_thread_mode{ReaderThread::by_cores};
 
+bool cores_for_reading_while_parsing() {
+  static const bool enough = std::thread::hardware_concurrency() >= 3;
+  return enough;
+}
+
 namespace {
 
 constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
@@ -246,9 +251,8 @@ class SnapshotReader {
       return;
     }
     hash_thread_ = std::thread([this] { hash_loop(); });
-    static const bool enough_cores = std::thread::hardware_concurrency() >= 3;
     const ReaderThread mode = reader_thread_mode.load(std::memory_order_relaxed);
-    if (mode == ReaderThread::never || (mode == ReaderThread::by_cores && !enough_cores)) {
+    if (mode == ReaderThread::never || (mode == ReaderThread::by_cores && !cores_for_reading_while_parsing())) {
       pulled_ = true;
       return;
     }

@@ -12,6 +12,7 @@
 
 #include "base/checked_arithmetic.h"
 #include "base/fail.h"
+#include "base/reader_thread.h"
 #include "format/pickle/legacy_reader.h"
 #include "format/pickle/pickle_reader.h"
 #include "format/safetensors/safetensors.h"
@@ -251,8 +252,7 @@ bool parse_while_read() {
     case ParseWhileRead::never: return false;
     case ParseWhileRead::by_cores: break;
   }
-  static const unsigned cores = std::thread::hardware_concurrency();
-  return cores >= 3;
+  return io::cores_for_reading_while_parsing();
 }
 
 ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<const void>& owner,
@@ -263,14 +263,10 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // the pickle names it. Errors found meanwhile wait for the local stage to
   // complete (ZipLocalEntries::finish), whose own errors come first, as they
   // would had every local header been checked before anything else.
-  // Where the pickle is to wait for the read anyway, the directory is not
-  // asked for ahead of its turn either: that would only hold the hasher up.
-  bool overlap = false;
-  const auto directory_found = [&](std::uint64_t offset, std::uint64_t /*entry_count*/) {
-    overlap = context.await_bytes && parse_while_read();
-    if (overlap && context.read_ahead_from) context.read_ahead_from(offset);
-  };
-  ZipMemorySource bytes(file, context.await_bytes, context.read_ahead_from, directory_found);
+  // Where the pickle is to wait for the read anyway, nothing is asked for
+  // ahead of its turn: that would only hold the hasher up.
+  const bool overlap = context.await_bytes && parse_while_read();
+  ZipMemorySource bytes(file, context.await_bytes, overlap ? context.read_ahead_from : nullptr);
   // TorchScript archives are named as such even when they would fail a zip
   // check first (their code/ records are often deflated).
   ZipArchive archive = read_zip_central_directory(bytes, limits, screen_torchscript_record);
@@ -314,12 +310,12 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // The central directory and the end records after it are spent once
   // hashed: the entries were copied out (read_zip_central_directory checked
   // that no record lies past the directory's start).
-  bool directory_released = false;
+  // Either the pickle's thread or the CRC helper gets there first.
+  std::atomic<bool> directory_released{false};
   const auto release_directory = [&] {
-    if (directory_released || !context.release_spent_bytes) return;
+    if (!context.release_spent_bytes || directory_released.exchange(true)) return;
     io::release_whole_pages(file.data() + archive.central_directory_offset,
                             file.size() - archive.central_directory_offset);
-    directory_released = true;
   };
   if (context.release_spent_bytes && pickle && pickle->size <= limits.max_pickle_bytes) {
     crcs.check_now(static_cast<std::size_t>(pickle - archive.entries.data()));
@@ -339,23 +335,15 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
   // The record list is made last, once the pickle's pages are given back: at
   // a million records it is as large as they are.
   interpret.list_records = false;
-  ParsedFile parsed;
-  std::exception_ptr parse_failure;
-  try {
-    parsed = interpret_zip_records(archive, source, limits, interpret);
-  } catch (...) {
-    parse_failure = std::current_exception();
-  }
-  locals.finish();
-  // The CRCs read every payload byte.
-  if (context.await_bytes) context.await_bytes(0, file.size());
 
   // The rest of the records' CRC-32s are shared out between a helper thread,
-  // which starts once the file's SHA-256 is done (where another thread still
-  // computes it, that thread is the critical path and has a core of its own),
-  // and this thread.
+  // which starts work once the file's SHA-256 is done (where another thread
+  // still computes it, that thread is the critical path and has a core of its
+  // own), and this thread once the pickle is done. The helper starts with the
+  // pickle where every byte is in and every local header checked (placing
+  // each payload); otherwise once the pickle has checked them.
   std::exception_ptr digest_failure;
-  std::thread crc_helper([&] {
+  const auto check_crcs_after_the_digest = [&] {
     try {
       if (context.await_digest) context.await_digest();
     } catch (...) {
@@ -364,7 +352,22 @@ ParsedFile read_zip_checkpoint(std::span<std::byte> file, const std::shared_ptr<
     }
     release_directory();
     crcs.work();
-  });
+  };
+  std::jthread crc_helper;
+  if (!overlap) crc_helper = std::jthread(check_crcs_after_the_digest);
+  ParsedFile parsed;
+  std::exception_ptr parse_failure;
+  try {
+    parsed = interpret_zip_records(archive, source, limits, interpret);
+  } catch (...) {
+    parse_failure = std::current_exception();
+  }
+  if (overlap) {
+    locals.finish();
+    // The CRCs read every payload byte.
+    if (context.await_bytes) context.await_bytes(0, file.size());
+    crc_helper = std::jthread(check_crcs_after_the_digest);
+  }
   crcs.work();
   crc_helper.join();
   if (digest_failure) std::rethrow_exception(digest_failure);

@@ -669,7 +669,7 @@ ZipArchive read_zip_central_directory(ZipByteSource& file, const Limits& limits,
   archive.names = names;
   // The size was bounded by Limits::max_central_directory_bytes above, and the
   // directory ends where the end records start, inside the file.
-  file.directory_found(bounds.offset, bounds.entry_count);
+  file.read_ahead_from(bounds.offset);
   const FileWindow directory{file.read(bounds.offset, static_cast<std::size_t>(bounds.size)), bounds.offset};
   std::uint64_t pos = bounds.offset;
   for (std::size_t i = 0; i < archive.entries.size(); ++i) {

@@ -95,24 +95,20 @@ class ZipByteSource {
   // A hint that `offset` is read soon; only speed, and any offset is allowed.
   virtual void prefetch(std::uint64_t /*offset*/) noexcept {}
   // A hint that [offset, end of file) is read next, before the bytes ahead of
-  // it: the end records are at the end.
+  // it: the end records, then the central directory, are at the end.
   virtual void read_ahead_from(std::uint64_t /*offset*/) {}
-  // A hint, once the end records are read, that the central directory starts
-  // at `offset` and lists `entry_count` entries; it is read next.
-  virtual void directory_found(std::uint64_t /*offset*/, std::uint64_t /*entry_count*/) {}
 };
 
 // A file held in memory, read without copying. For a file still being read
 // into that memory, `await` (ParseContext::await_bytes) is called before each
-// read, `read_ahead` (ParseContext::read_ahead_from) takes the first hint and
-// `found` the second; each may be empty.
+// read and `read_ahead` (ParseContext::read_ahead_from) takes the hints; each
+// may be empty.
 class ZipMemorySource final : public ZipByteSource {
  public:
   explicit ZipMemorySource(std::span<const std::byte> file,
                            std::function<void(std::uint64_t offset, std::uint64_t size)> await = {},
-                           std::function<void(std::uint64_t offset)> read_ahead = {},
-                           std::function<void(std::uint64_t offset, std::uint64_t entry_count)> found = {})
-      : file_(file), await_(std::move(await)), read_ahead_(std::move(read_ahead)), found_(std::move(found)) {}
+                           std::function<void(std::uint64_t offset)> read_ahead = {})
+      : file_(file), await_(std::move(await)), read_ahead_(std::move(read_ahead)) {}
   std::uint64_t size() const override { return file_.size(); }
   std::span<const std::byte> read(std::uint64_t offset, std::size_t length) override {
     if (await_) await_(offset, length);
@@ -124,15 +120,11 @@ class ZipMemorySource final : public ZipByteSource {
   void read_ahead_from(std::uint64_t offset) override {
     if (read_ahead_) read_ahead_(offset);
   }
-  void directory_found(std::uint64_t offset, std::uint64_t entry_count) override {
-    if (found_) found_(offset, entry_count);
-  }
 
  private:
   std::span<const std::byte> file_;
   std::function<void(std::uint64_t, std::uint64_t)> await_;
   std::function<void(std::uint64_t)> read_ahead_;
-  std::function<void(std::uint64_t, std::uint64_t)> found_;
 };
 
 ZipArchive read_zip_directory(std::span<const std::byte> file, const Limits& limits,
