@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <random>
+#include <thread>
 
 #include "base/crc32.h"
 #include "base/fail.h"
@@ -33,6 +35,23 @@ class InlineHashingSink final : public ByteSink {
   std::uint32_t crc32_ = 0;
   std::uint64_t position_ = 0;
 };
+
+// The cached read-back: the staging file, mapped from the page cache: its size
+// and whole-file CRC-32 against the bytes handed to write(2), then the
+// verifier, which checks every record's CRC-32.
+void check_cached_read_back(const Snapshot& mapped, const PublishResult& result, const PublishVerifier& verify) {
+  if (mapped.buffer->size() != result.size) {
+    detail::fail(ErrorCode::file_changed_during_read, "the staging file holds ", mapped.buffer->size(), " bytes; ",
+                 result.size, " were written");
+  }
+  // Every byte, headers the verifier does not interpret included.
+  const std::uint32_t crc = crc32_of(mapped.buffer->bytes());
+  if (crc != result.crc32) {
+    detail::fail(ErrorCode::file_changed_during_read, "the staging file reads back with CRC-32 ", crc,
+                 "; the bytes written had ", result.crc32);
+  }
+  verify(mapped.buffer->bytes(), mapped.buffer);
+}
 
 }  // namespace
 
@@ -83,30 +102,46 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
       result.size = writer.position();
     }
     const bool device = options.read_back == ReadBack::device;
-    if (options.durable || device) file->sync();
-    file->close();
-    file.reset();
     // Read back what the file system now holds: the bytes must be the bytes
     // written, and they must verify, before the target name points at them.
     if (!device && verify && options.verifier_checks_content && !options.small) {
+      // The page cache returns the same bytes before the fsync as after it,
+      // so the read-back runs while the fsync waits for the device. The file
+      // is mapped first, so the file system sees the same calls in the same
+      // order every time; errors keep the order of the steps: the fsync's,
+      // the close's, the check's.
       Snapshot mapped = directory.map(staging, options.max_bytes);
-      if (mapped.buffer->size() != result.size) {
-        detail::fail(ErrorCode::file_changed_during_read, "the staging file holds ", mapped.buffer->size(),
-                     " bytes; ", result.size, " were written");
+      std::exception_ptr sync_failure;
+      std::jthread syncer;
+      if (options.durable) {
+        syncer = std::jthread([&] {
+          try {
+            file->sync();
+          } catch (...) {
+            sync_failure = std::current_exception();
+          }
+        });
       }
-      // Every byte, headers the verifier does not interpret included, against
-      // the CRC-32 computed from the bytes handed to write(2).
-      const std::uint32_t crc = crc32_of(mapped.buffer->bytes());
-      if (crc != result.crc32) {
-        detail::fail(ErrorCode::file_changed_during_read, "the staging file reads back with CRC-32 ", crc,
-                     "; the bytes written had ", result.crc32);
+      std::exception_ptr check_failure;
+      try {
+        check_cached_read_back(mapped, result, verify);
+      } catch (...) {
+        check_failure = std::current_exception();
       }
-      verify(mapped.buffer->bytes(), mapped.buffer);
+      if (syncer.joinable()) syncer.join();
+      if (sync_failure) std::rethrow_exception(sync_failure);
+      file->close();
+      file.reset();
+      if (check_failure) std::rethrow_exception(check_failure);
     } else {
+      if (options.durable || device) file->sync();
+      file->close();
+      file.reset();
       if (device) directory.drop_cached_pages(staging);
       Snapshot snapshot = directory.read(staging, options.max_bytes, result.sha256);
       if (verify) verify(snapshot.buffer->bytes(), snapshot.buffer);
     }
+    if (options.before_rename) options.before_rename();
     directory.rename(staging, target, options.replace);
   } catch (...) {
     file.reset();

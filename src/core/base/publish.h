@@ -10,7 +10,9 @@
 //      maps the page cache and relies on the verifier to check the content
 //      (zip records' CRC-32s) when the caller says it does, and otherwise
 //      re-reads into private memory and re-hashes; `device` drops the cached
-//      pages first and always re-reads and re-hashes;
+//      pages first and always re-reads and re-hashes. The cached mapping
+//      needs no fsync first: it is checked while step 3 waits for the device,
+//      and the rename still waits for both;
 //   5. rename it to the target, without replacing an existing file unless asked
 //      (generations never replace; pointer files do);
 //   6. fsync the directory.
@@ -53,6 +55,11 @@ struct PublishOptions {
   // The verifier checks every content byte (a zip's record CRC-32s), so the
   // cached read-back need not re-hash.
   bool verifier_checks_content = false;
+  // Called once the staging file is synced, closed and verified, just before
+  // the rename (step 6); a throw aborts the publication like a failed check.
+  // The cached read-back's verifier may run while the fsync is in flight, so
+  // this, not the verifier's end, is where every check has passed.
+  std::function<void()> before_rename;
 };
 
 using PublishVerifier = std::function<void(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner)>;

@@ -225,6 +225,10 @@ PublicationAttempt attempt_publication(const std::filesystem::path& target, cons
     publish_options.durable = options.durable;
     publish_options.read_back = options.read_back;
     publish_options.verifier_checks_content = true;  // verify_staged parses the envelope, CRC-32s included
+    publish_options.before_rename = [&] {
+      if (options.before_publish) options.before_publish();
+      checks_returned = true;
+    };
     const io::PublishResult published = io::publish(
         *directory, target.filename().string(), publish_options,
         [&](io::ByteSink& sink) {
@@ -239,8 +243,6 @@ PublicationAttempt attempt_publication(const std::filesystem::path& target, cons
           // The staged checks cover everything the in-memory comparison
           // does; this keeps a refused candidate unpublishable regardless.
           if (!attempt.candidate.matches) fail(*attempt.candidate.first_mismatch, attempt.candidate.detail);
-          if (options.before_publish) options.before_publish();
-          checks_returned = true;
         });
     attempt.published = true;
     attempt.sha256 = published.sha256;
