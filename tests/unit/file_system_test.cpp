@@ -643,10 +643,28 @@ ErrorCode code_of_operation(const std::string& line) {
 
 bool injected(const std::string& line) { return line.find("-> injected") != std::string::npos; }
 
+// Publishes new_content() as /run/model.bin. With `checked`, a verifier that
+// checks every byte takes the cached read-back, whose check runs while a
+// second thread fsyncs; without, the file is re-read after the fsync.
+void publish_new_content(io::Directory& dir, bool replace, bool checked) {
+  io::PublishOptions options{.replace = replace};
+  io::PublishVerifier verify;
+  if (checked) {
+    options.verifier_checks_content = true;
+    verify = [](std::span<std::byte> bytes, const std::shared_ptr<const void>&) {
+      if (std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()) != new_content()) {
+        throw Error(ErrorCode::file_changed_during_read, "the staging file reads back wrong");
+      }
+    };
+  }
+  io::publish(dir, "model.bin", options, write_new_content, verify);
+}
+
 struct FaultSweep {
   FaultKind kind;
   bool persistent;
   bool replace;  // over an older file; otherwise into an empty directory
+  bool checked = false;  // publish_new_content
 };
 
 class PublishFaultSweep : public ::testing::TestWithParam<FaultSweep> {};
@@ -667,7 +685,7 @@ TEST_P(PublishFaultSweep, TargetIsOldOrNewAndNoStagingFileIsLeftUnlessItsUnlinkF
     fs.fail_at(n, sweep.kind, sweep.persistent);
     std::optional<Error> error;
     try {
-      io::publish(*dir, "model.bin", {.replace = sweep.replace}, write_new_content);
+      publish_new_content(*dir, sweep.replace, sweep.checked);
     } catch (const Error& thrown) {
       error = thrown;
     }
@@ -722,15 +740,79 @@ INSTANTIATE_TEST_SUITE_P(
                       FaultSweep{FaultKind::quota_exceeded, true, false}, FaultSweep{FaultKind::io_error, false, true},
                       FaultSweep{FaultKind::io_error, true, true}, FaultSweep{FaultKind::no_space, false, true},
                       FaultSweep{FaultKind::no_space, true, true}, FaultSweep{FaultKind::quota_exceeded, false, true},
-                      FaultSweep{FaultKind::quota_exceeded, true, true}),
+                      FaultSweep{FaultKind::quota_exceeded, true, true},
+                      FaultSweep{FaultKind::io_error, false, false, true},
+                      FaultSweep{FaultKind::io_error, true, false, true},
+                      FaultSweep{FaultKind::no_space, false, true, true},
+                      FaultSweep{FaultKind::no_space, true, true, true}),
     [](const auto& info) {
       return kind_name(info.param.kind) + (info.param.persistent ? "_persistent" : "_transient") +
-             (info.param.replace ? "_replacing" : "_fresh");
+             (info.param.replace ? "_replacing" : "_fresh") + (info.param.checked ? "_checked_while_syncing" : "");
     });
+
+// The cached read-back's check runs while a second thread fsyncs. The file
+// system still sees one order (the mapping, then the fsync, then the close),
+// and the errors keep the order of the steps.
+TEST(PublishCheckedWhileSyncing, TheFileSystemSeesTheMappingThenTheFsyncThenTheClose) {
+  FaultFileSystem fs;
+  auto dir = fs.open_directory("/run", true);
+  fs.reset_counter();
+  publish_new_content(*dir, false, true);
+  std::vector<std::string> names;
+  for (const std::string& line : fs.operation_log()) names.push_back(line.substr(0, line.find(' ')));
+  EXPECT_EQ(names, (std::vector<std::string>{"create_exclusive", "write", "write", "write", "read", "sync", "close",
+                                             "rename", "sync_directory"}));
+}
+
+TEST(PublishCheckedWhileSyncing, AFailedFsyncIsReportedAheadOfAFailedCheck) {
+  FaultFileSystem fs;
+  auto dir = fs.open_directory("/run", true);
+  fs.reset_counter();
+  fs.fail_at(6, FaultKind::io_error, false);  // the sync, as above
+  bool checked = false;
+  io::PublishOptions options{.verifier_checks_content = true};
+  const auto refuse = [&](std::span<std::byte>, const std::shared_ptr<const void>&) {
+    checked = true;
+    throw Error(ErrorCode::file_changed_during_read, "refused by the test");
+  };
+  EXPECT_ERROR_CODE(io::publish(*dir, "model.bin", options, write_new_content, refuse), ErrorCode::io_sync_failed);
+  EXPECT_TRUE(checked) << "the check ran beside the fsync";
+  EXPECT_FALSE(fs.exists(kTarget));
+  EXPECT_TRUE(staging_names(*dir).empty());
+  // Without the fsync failure, the check's own error.
+  EXPECT_ERROR_CODE(io::publish(*dir, "model.bin", options, write_new_content, refuse),
+                    ErrorCode::file_changed_during_read);
+  EXPECT_FALSE(fs.exists(kTarget));
+  EXPECT_TRUE(staging_names(*dir).empty());
+}
+
+TEST(PublishCheckedWhileSyncing, BeforeRenameRunsOnceTheFileIsSyncedClosedAndCheckedAndCanStillRefuse) {
+  FaultFileSystem fs;
+  auto dir = fs.open_directory("/run", true);
+  fs.reset_counter();
+  io::PublishOptions options{.verifier_checks_content = true};
+  bool verified = false;
+  const auto verify = [&](std::span<std::byte>, const std::shared_ptr<const void>&) { verified = true; };
+  std::vector<std::string> seen;
+  options.before_rename = [&] {
+    EXPECT_TRUE(verified);
+    for (const std::string& line : fs.operation_log()) seen.push_back(line.substr(0, line.find(' ')));
+    throw Error(ErrorCode::invalid_argument, "refused before the rename");
+  };
+  EXPECT_ERROR_CODE(io::publish(*dir, "model.bin", options, write_new_content, verify), ErrorCode::invalid_argument);
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(std::vector<std::string>(seen.end() - 2, seen.end()), (std::vector<std::string>{"sync", "close"}));
+  EXPECT_FALSE(fs.exists(kTarget));
+  EXPECT_TRUE(staging_names(*dir).empty());
+  options.before_rename = [] {};
+  io::publish(*dir, "model.bin", options, write_new_content, verify);
+  EXPECT_EQ(fs.contents(kTarget), new_content());
+}
 
 struct CrashSweep {
   CrashMode mode;
   bool replace;
+  bool checked = false;  // publish_new_content
 };
 
 class PublishCrashSweep : public ::testing::TestWithParam<CrashSweep> {};
@@ -751,7 +833,7 @@ TEST_P(PublishCrashSweep, TargetIsOldOrWholeNewAfterACrashAtAnyPoint) {
     fs.reset_counter();
     fs.crash_after(n, sweep.mode);
     try {
-      io::publish(*dir, "model.bin", {.replace = sweep.replace}, write_new_content);
+      publish_new_content(*dir, sweep.replace, sweep.checked);
       completed = true;
       fs.clear_faults();
       fs.crash(sweep.mode);  // a crash just after publish() returned
@@ -789,10 +871,13 @@ INSTANTIATE_TEST_SUITE_P(Modes, PublishCrashSweep,
                          ::testing::Values(CrashSweep{CrashMode::drop_unsynced, false},
                                            CrashSweep{CrashMode::drop_unsynced, true},
                                            CrashSweep{CrashMode::tear_unsynced, false},
-                                           CrashSweep{CrashMode::tear_unsynced, true}),
+                                           CrashSweep{CrashMode::tear_unsynced, true},
+                                           CrashSweep{CrashMode::drop_unsynced, true, true},
+                                           CrashSweep{CrashMode::tear_unsynced, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.mode == CrashMode::drop_unsynced ? "drop" : "tear") +
-                                  (info.param.replace ? "_replacing" : "_fresh");
+                                  (info.param.replace ? "_replacing" : "_fresh") +
+                                  (info.param.checked ? "_checked_while_syncing" : "");
                          });
 
 }  // namespace

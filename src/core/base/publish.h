@@ -59,7 +59,7 @@ struct PublishOptions {
   // the rename (step 6); a throw aborts the publication like a failed check.
   // The cached read-back's verifier may run while the fsync is in flight, so
   // this, not the verifier's end, is where every check has passed.
-  std::function<void()> before_rename;
+  std::function<void()> before_rename = {};
 };
 
 using PublishVerifier = std::function<void(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner)>;
