@@ -414,6 +414,10 @@ int rank_main(const Args& a) {
   // Die with the launcher: a killed launcher must not leave ranks waiting.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return 1;
+  // Gloo writes to its peers' sockets: a peer's death must reach this rank as
+  // an error of the collective (EPIPE), which it reports, not as a SIGPIPE
+  // that kills it without a word.
+  ::signal(SIGPIPE, SIG_IGN);
   const std::int64_t rank = a.rank, world = a.world;
   const std::string who = "rank " + std::to_string(rank) + ": ";
   const auto timeout = std::chrono::milliseconds(a.timeout_ms);
