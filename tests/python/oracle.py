@@ -150,6 +150,105 @@ def _is_int(x):
     return type(x) is int
 
 
+# ---------------------------------------------------------------- NumPy values, as data
+# NumPy pickles an array as _reconstruct(ndarray, (0,), b'b') followed by BUILD with
+# ([version,] shape, dtype, fortran, raw bytes), a dtype as dtype(code, align, copy)
+# followed by BUILD with (version, byte order, subarray, names, fields, ...), and a
+# scalar as scalar(dtype, raw bytes). Only plain number types are read.
+NUMPY_CODES = {"b1": ("bool", "?"), "i1": ("int8", "b"), "i2": ("int16", "h"), "i4": ("int32", "i"),
+               "i8": ("int64", "q"), "u1": ("uint8", "B"), "u2": ("uint16", "H"), "u4": ("uint32", "I"),
+               "u8": ("uint64", "Q"), "f2": ("float16", "e"), "f4": ("float32", "f"), "f8": ("float64", "d"),
+               "c8": ("complex64", None), "c16": ("complex128", None)}
+
+
+class NdarrayTag:
+    __slots__ = ()
+
+    def __setstate__(self, state):
+        raise OracleError("BUILD on numpy.ndarray")
+
+
+class NumpyDType:
+    __slots__ = ("code", "order")
+
+    def __init__(self, code, order="="):
+        self.code, self.order = code, order
+
+    def __setstate__(self, state):
+        if type(state) is not tuple or len(state) not in (8, 9) or state[0] not in (3, 4):
+            raise OracleError("numpy dtype state")
+        if any(x is not None for x in state[2:5]):
+            raise OracleError("structured numpy dtype")
+        if state[1] not in ("<", ">", "|", "="):
+            raise OracleError("numpy byte order")
+        self.order = state[1]
+
+
+def stub_numpy_dtype(code, align, copy):
+    if type(code) is not str or type(align) is not bool or type(copy) is not bool:
+        raise OracleError("numpy.dtype arguments")
+    return NumpyDType(code)
+
+
+def _numpy_code(dtype):
+    if type(dtype) is not NumpyDType or dtype.code not in NUMPY_CODES:
+        raise OracleError("not a plain numpy number dtype")
+    return NUMPY_CODES[dtype.code]
+
+
+class NumpyArray:
+    """An ndarray read as data: dtype name, shape, strides and native C-order bytes."""
+
+    __slots__ = ("dtype", "size", "stride", "data", "built")
+
+    def __init__(self):
+        self.built = False
+
+    def __setstate__(self, state):
+        if self.built or type(state) is not tuple or len(state) not in (4, 5):
+            raise OracleError("numpy array state")
+        if len(state) == 5:
+            if state[0] != 1:
+                raise OracleError("numpy array state version")
+            state = state[1:]
+        shape, dtype, fortran, data = state
+        shape = _int_tuple(shape, "numpy shape")
+        name, _ = _numpy_code(dtype)
+        if type(fortran) is not bool or type(data) is not bytes or any(d < 0 for d in shape):
+            raise OracleError("numpy array state")
+        itemsize = DTYPES[name][0]
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * itemsize != len(data):
+            raise OracleError("numpy array data size")
+        if dtype.order == ">" and itemsize > 1:
+            unit = itemsize // 2 if name.startswith("complex") else itemsize
+            data = b"".join(data[i:i + unit][::-1] for i in range(0, len(data), unit))
+        stride, step = [0] * len(shape), 1
+        for d in (range(len(shape)) if fortran else reversed(range(len(shape)))):
+            stride[d] = step
+            step *= max(shape[d], 1)
+        self.dtype, self.size, self.stride, self.data = name, tuple(shape), tuple(stride), data
+        self.built = True
+
+
+def stub_numpy_reconstruct(tag, shape, code):
+    if type(tag) is not NdarrayTag or type(shape) is not tuple or type(code) not in (bytes, str):
+        raise OracleError("numpy _reconstruct arguments")
+    return NumpyArray()
+
+
+def stub_numpy_scalar(dtype, data):
+    name, fmt = _numpy_code(dtype)
+    if type(data) is not bytes or fmt is None or len(data) != DTYPES[name][0]:
+        raise OracleError("numpy scalar")
+    value = struct.unpack((">" if dtype.order == ">" else "<") + fmt, data)[0]
+    if name == "uint64" and value >= 2 ** 63:
+        raise OracleError("numpy uint64 scalar past int64")
+    return value
+
+
 def _int_tuple(x, what):
     if type(x) is not tuple or not all(_is_int(v) for v in x):
         raise OracleError(f"{what} is not a tuple of ints: {x!r}")
@@ -228,7 +327,12 @@ ALLOWED = {
     ("_codecs", "encode"): stub_codecs_encode,
     ("torch", "UntypedStorage"): StorageType(None),
     ("torch.storage", "UntypedStorage"): StorageType(None),
+    ("numpy", "ndarray"): NdarrayTag(),
+    ("numpy", "dtype"): stub_numpy_dtype,
 }
+for _module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+    ALLOWED[(_module, "_reconstruct")] = stub_numpy_reconstruct
+    ALLOWED[(_module, "scalar")] = stub_numpy_scalar
 for _cls, _dtype in STORAGE_CLASS_DTYPE.items():
     ALLOWED[("torch", _cls)] = StorageType(_dtype)
 for _dtype in DTYPES:
@@ -544,6 +648,16 @@ class Encoder:
         node["sha256"] = self.digest_cache[ident]
         return {"tensor": node}
 
+    @staticmethod
+    def numpy_c_order(v):
+        itemsize = DTYPES[v.dtype][0]
+        if len(v.size) < 2 or v.stride == tuple(sorted(v.stride, reverse=True)):
+            return v.data
+        import numpy as np
+        base = np.frombuffer(v.data, dtype=f"V{itemsize}")
+        view = np.lib.stride_tricks.as_strided(base, shape=v.size, strides=[s * itemsize for s in v.stride])
+        return np.ascontiguousarray(view).tobytes()
+
     def encode(self, v, depth=0):
         self.nodes += 1
         if self.nodes > MAX_NODES or depth > MAX_DEPTH:
@@ -560,6 +674,15 @@ class Encoder:
             return {"bytes": v.hex()}
         if type(v) is TensorRef:
             return self.tensor(v)
+        if type(v) is NumpyArray:
+            if not v.built:
+                raise OracleError("numpy array without its state")
+            node = {"dtype": v.dtype, "shape": list(v.size), "stride": list(v.stride), "offset": 0,
+                    "requires_grad": False, "parameter": False, "numpy": True, "storage": f"numpy-{id(v)}"}
+            if self.digests:
+                # C-order bytes: a Fortran-ordered array's elements are gathered first.
+                node["sha256"] = hashlib.sha256(self.numpy_c_order(v)).hexdigest()
+            return {"tensor": node}
         if type(v) in (list, tuple, dict, StateDict):
             if id(v) in self.active:
                 raise OracleError("reference cycle")

@@ -71,6 +71,7 @@ class Encoder {
     out["offset"] = tensor.storage_offset;
     out["requires_grad"] = tensor.requires_grad;
     out["parameter"] = tensor.is_parameter;
+    if (tensor.from_numpy) out["numpy"] = true;
     const void* identity = tensor.storage->identity();
     auto [it, inserted] = storage_keys_.emplace(identity, storage_keys_.size());
     out["storage"] = std::to_string(it->second);

@@ -112,6 +112,9 @@ namespace holdpoint {
   X(pickle_container_limit, "more container elements than Limits::max_container_elements")    \
   X(pickle_expansion_limit, "shared references expand past Limits::max_expanded_nodes")       \
   X(pickle_type_invalid, "a value has a type the surrounding structure does not allow")      \
+  /* NumPy arrays and scalars, decoded as data (docs/format.md, "NumPy values") */            \
+  X(numpy_dtype_unsupported, "a NumPy dtype that is not a plain number type (object, structured, text)") \
+  X(numpy_array_invalid, "a NumPy array or scalar whose shape, dtype and data disagree")      \
   /* persistent ids and storages */                                                           \
   X(persistent_id_invalid, "a persistent id is not ('storage', type, key, location, numel)")  \
   X(storage_type_unsupported, "a persistent id names a storage type that is not a plain dtype") \

@@ -177,6 +177,9 @@ struct TensorData {
   std::shared_ptr<const Storage> storage;
   bool requires_grad = false;
   bool is_parameter = false;  // rebuilt through torch._utils._rebuild_parameter
+  // Pickled as a numpy.ndarray (a NumPy RNG state, say) and decoded as data;
+  // its bytes are the reader's own copy. Writers write it as a tensor.
+  bool from_numpy = false;
 
   // A contiguous tensor that owns a copy of `bytes` (which must hold
   // numel x dtype_bits / 8 bytes in C order).

@@ -32,6 +32,7 @@
 #include <array>
 #include <bit>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -65,6 +66,12 @@ enum class GlobalKind : std::uint8_t {
   storage_type,          // torch.<X>Storage: a persistent-id tag, never called
   untyped_storage_type,  // torch.UntypedStorage: likewise
   dtype,                 // torch.<dtype>: only as _rebuild_tensor_v3's dtype
+  // NumPy, decoded as data (docs/format.md, "NumPy values"); numpy._core.* and
+  // numpy.core.* alike, as NumPy 2 and 1 write them:
+  numpy_reconstruct,     // multiarray._reconstruct(ndarray, (0,), b'b'), then BUILD
+  numpy_ndarray,         // numpy.ndarray: only as _reconstruct's first argument
+  numpy_dtype,           // numpy.dtype('f8', False, True), then BUILD
+  numpy_scalar,          // multiarray.scalar(dtype, bytes)
 };
 
 // Trivial (no member initializers) so that it can share a union in Item.
@@ -105,6 +112,8 @@ enum class ItemKind : std::uint8_t {
   value,            // values_[index]: a list, dict, OrderedDict or tensor
   global,
   storage,          // storage_refs_[index]
+  numpy_dtype,      // numpy_dtypes_[index]
+  numpy_array,      // an ndarray before its BUILD: numpy_arrays_[index]
 };
 
 struct Item {
@@ -203,6 +212,10 @@ std::string global_name(const GlobalRef& global) {
     case GlobalKind::storage_type: return "torch." + std::string(*dtype_storage_class(global.dtype));
     case GlobalKind::untyped_storage_type: return "torch.UntypedStorage";
     case GlobalKind::dtype: return "torch." + std::string(dtype_name(global.dtype));
+    case GlobalKind::numpy_reconstruct: return "numpy._core.multiarray._reconstruct";
+    case GlobalKind::numpy_ndarray: return "numpy.ndarray";
+    case GlobalKind::numpy_dtype: return "numpy.dtype";
+    case GlobalKind::numpy_scalar: return "numpy._core.multiarray.scalar";
   }
   return "unknown global";
 }
@@ -589,6 +602,12 @@ class Machine {
   Item tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset, bool requires_grad,
                    Dims sizes, Dims strides);
   Item reduce_parameter(const Item& args);
+  Item reduce_numpy_dtype(const Item& args);
+  Item reduce_numpy_reconstruct(const Item& args);
+  Item reduce_numpy_scalar(const Item& args);
+  void build_numpy_dtype(const Item& target, const Item& state);
+  Item build_numpy_array(const Item& state);
+  DType numpy_element_type(const Item& dtype, std::string_view what) const;
   void check_hooks(const Item& hooks, std::string_view what) const;
   Dims int_tuple(const Item& item, std::string_view what) const;
   void validate_metadata(const Value& state) const;
@@ -629,6 +648,15 @@ class Machine {
   std::vector<Item> tuple_elements_;
   std::vector<Value> values_;
   std::vector<StorageRef> storage_refs_;
+  // NumPy dtypes (BUILD sets the byte order of one, which every reference to
+  // it sees, as in Python) and the ndarrays awaiting their BUILD.
+  struct NumpyDType {
+    std::optional<DType> dtype;  // nullopt: not a plain number type (refused where used)
+    std::string code;            // as given, for messages: "f8", "O8", "U3"...
+    char byte_order = '=';
+  };
+  std::vector<NumpyDType> numpy_dtypes_;
+  std::vector<bool> numpy_arrays_built_;
   // Storages by key, as position in storage_refs_ + 1 (0: none). Zip archives
   // number storages 0, 1, 2, ... in order, so a canonical key below twice the
   // storages seen (plus 1024) goes in storages_by_number_, found without
@@ -808,7 +836,9 @@ std::optional<ValueKind> Machine::value_kind(const Item& item) const {
     case ItemKind::empty_container: return item.container;
     case ItemKind::value: return values_[item.index].kind();
     case ItemKind::global:
-    case ItemKind::storage: break;
+    case ItemKind::storage:
+    case ItemKind::numpy_dtype:
+    case ItemKind::numpy_array: break;
   }
   return std::nullopt;
 }
@@ -817,6 +847,8 @@ std::string Machine::describe(const Item& item) const {
   if (const auto kind = value_kind(item)) return std::string(value_kind_name(*kind));
   if (item.kind == ItemKind::global) return "global " + global_name(item.global);
   if (item.kind == ItemKind::storage) return "storage '" + storage_key(item.index) + "'";
+  if (item.kind == ItemKind::numpy_dtype) return "NumPy dtype '" + numpy_dtypes_[item.index].code + "'";
+  if (item.kind == ItemKind::numpy_array) return "NumPy array before its BUILD";
   return "tuple holding a global or storage";
 }
 
@@ -856,7 +888,9 @@ Value Machine::take_value(const Item& item, std::string_view role) {
     case ItemKind::empty_container: return empty_container(item.container);
     case ItemKind::value: return values_[item.index];
     case ItemKind::global:
-    case ItemKind::storage: break;
+    case ItemKind::storage:
+    case ItemKind::numpy_dtype:
+    case ItemKind::numpy_array: break;
   }
   error(ErrorCode::pickle_type_invalid, "a ", describe(item), " cannot be ", role);
 }
@@ -1210,6 +1244,12 @@ GlobalRef Machine::resolve_global(std::string_view module, std::string_view name
     if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType};
   }
   if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType};
+  if (module == "numpy._core.multiarray" || module == "numpy.core.multiarray") {
+    if (name == "_reconstruct") return {GlobalKind::numpy_reconstruct, kNoDType};
+    if (name == "scalar") return {GlobalKind::numpy_scalar, kNoDType};
+  }
+  if (module == "numpy" && name == "ndarray") return {GlobalKind::numpy_ndarray, kNoDType};
+  if (module == "numpy" && name == "dtype") return {GlobalKind::numpy_dtype, kNoDType};
   if ((module == "torch" || module == "torch.storage") && name == "UntypedStorage") {
     return {GlobalKind::untyped_storage_type, kNoDType};
   }
@@ -1427,8 +1467,12 @@ void Machine::do_reduce() {
     case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(args, true)); return;
     case GlobalKind::rebuild_parameter: push(reduce_parameter(args)); return;
     case GlobalKind::codecs_encode: push(reduce_codecs_encode(args)); return;
+    case GlobalKind::numpy_dtype: push(reduce_numpy_dtype(args)); return;
+    case GlobalKind::numpy_reconstruct: push(reduce_numpy_reconstruct(args)); return;
+    case GlobalKind::numpy_scalar: push(reduce_numpy_scalar(args)); return;
     case GlobalKind::storage_type:
     case GlobalKind::untyped_storage_type:
+    case GlobalKind::numpy_ndarray:
     case GlobalKind::dtype: break;
   }
   error(ErrorCode::pickle_call_forbidden, global_name(callable.global), " is a type tag, never called");
@@ -1733,12 +1777,253 @@ void Machine::validate_metadata(const Value& state) const {
   }
 }
 
+
+// ---- NumPy values -----------------------------------------------------------------------
+//
+// NumPy pickles an array as
+//   _reconstruct(numpy.ndarray, (0,), b'b')  BUILD (version, shape, dtype, fortran, raw bytes)
+// and its dtype as numpy.dtype('f8', False, True) BUILD (3, '<', None, None, None, -1, -1, 0).
+// Only plain number types are read; the array becomes a tensor over a copy of
+// its bytes (TensorData::from_numpy), in native byte order. Nothing of NumPy
+// runs: these are the shapes of data it writes, checked like any other.
+
+namespace {
+// The array-protocol type code of a plain number dtype: kind letter and size.
+std::optional<DType> numpy_type_code(std::string_view code) {
+  static constexpr std::pair<std::string_view, DType> kCodes[] = {
+      {"b1", DType::boolean}, {"i1", DType::int8},     {"i2", DType::int16},     {"i4", DType::int32},
+      {"i8", DType::int64},   {"u1", DType::uint8},    {"u2", DType::uint16},    {"u4", DType::uint32},
+      {"u8", DType::uint64},  {"f2", DType::float16},  {"f4", DType::float32},   {"f8", DType::float64},
+      {"c8", DType::complex64}, {"c16", DType::complex128},
+  };
+  for (const auto& [name, dtype] : kCodes) {
+    if (name == code) return dtype;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+// numpy.dtype(code, align, copy)
+Item Machine::reduce_numpy_dtype(const Item& args) {
+  const bool triple = tuple_size(args) == 3;
+  if (!triple || element(args, 0).kind != ItemKind::text || element(args, 1).kind != ItemKind::boolean ||
+      element(args, 2).kind != ItemKind::boolean) {
+    error(ErrorCode::pickle_call_args_invalid, "numpy.dtype takes exactly (str, bool, bool)");
+  }
+  const std::string_view code = text(element(args, 0));
+  Item item;
+  item.kind = ItemKind::numpy_dtype;
+  item.index = numpy_dtypes_.size();
+  item.vm_only = true;
+  numpy_dtypes_.push_back({numpy_type_code(code), std::string(printable(code)), '='});
+  return item;
+}
+
+// BUILD (version, byte order, subarray, names, fields, element size, alignment, flags[, metadata])
+void Machine::build_numpy_dtype(const Item& target, const Item& state) {
+  const std::size_t size = state.kind == ItemKind::tuple ? tuple_size(state) : 0;
+  if (size != 8 && size != 9) {
+    error(ErrorCode::pickle_call_args_invalid, "a NumPy dtype's state is a ", describe(state),
+          " of ", size, " items, not the 8 or 9 of (version, byte order, subarray, names, fields, ...)");
+  }
+  const Item& version = element(state, 0);
+  const Item& order = element(state, 1);
+  if (version.kind != ItemKind::integer || (version.integer != 3 && version.integer != 4) ||
+      order.kind != ItemKind::text) {
+    error(ErrorCode::pickle_call_args_invalid, "a NumPy dtype's state does not start with version 3 or 4 and a byte order");
+  }
+  NumpyDType& dtype = numpy_dtypes_[target.index];
+  for (std::size_t i = 2; i < 5; ++i) {
+    if (element(state, i).kind != ItemKind::none) {
+      error(ErrorCode::numpy_dtype_unsupported, "NumPy dtype '", dtype.code,
+            "' has a subarray, field names or fields: only plain number types are read");
+    }
+  }
+  for (std::size_t i = 5; i < 8; ++i) {
+    if (element(state, i).kind != ItemKind::integer) {
+      error(ErrorCode::pickle_call_args_invalid, "a NumPy dtype's state item ", i, " is a ",
+            describe(element(state, i)), ", not an int");
+    }
+  }
+  const std::string_view byte_order = text(order);
+  if (byte_order != "<" && byte_order != ">" && byte_order != "|" && byte_order != "=") {
+    error(ErrorCode::pickle_call_args_invalid, "NumPy byte order '", printable(byte_order), "' is not <, >, | or =");
+  }
+  dtype.byte_order = byte_order[0];
+}
+
+DType Machine::numpy_element_type(const Item& dtype, std::string_view what) const {
+  if (dtype.kind != ItemKind::numpy_dtype) {
+    error(ErrorCode::pickle_call_args_invalid, what, " is a ", describe(dtype), ", not a NumPy dtype");
+  }
+  const NumpyDType& entry = numpy_dtypes_[dtype.index];
+  if (!entry.dtype) {
+    error(ErrorCode::numpy_dtype_unsupported, what, " has NumPy dtype '", entry.code,
+          "': only booleans, integers, floats and complex numbers are read (never objects, text or records)");
+  }
+  return *entry.dtype;
+}
+
+// _reconstruct(numpy.ndarray, (0,), b'b'): an empty array that BUILD fills.
+Item Machine::reduce_numpy_reconstruct(const Item& args) {
+  const bool triple = tuple_size(args) == 3;
+  const bool tagged = triple && element(args, 0).kind == ItemKind::global &&
+                      element(args, 0).global.kind == GlobalKind::numpy_ndarray;
+  if (!tagged || element(args, 1).kind != ItemKind::tuple || element(args, 1).vm_only ||
+      (element(args, 2).kind != ItemKind::bytes && element(args, 2).kind != ItemKind::text)) {
+    error(ErrorCode::pickle_call_args_invalid, "_reconstruct takes exactly (numpy.ndarray, shape, type code)");
+  }
+  Item item;
+  item.kind = ItemKind::numpy_array;
+  item.index = numpy_arrays_built_.size();
+  item.vm_only = true;
+  item.holds_mutable = true;  // filled by BUILD: never shared before that
+  numpy_arrays_built_.push_back(false);
+  return item;
+}
+
+// BUILD ([version,] shape, dtype, fortran order, raw bytes)
+Item Machine::build_numpy_array(const Item& state) {
+  const std::size_t size = state.kind == ItemKind::tuple ? tuple_size(state) : 0;
+  if (size != 4 && size != 5) {
+    error(ErrorCode::pickle_call_args_invalid, "a NumPy array's state is a ", describe(state), " of ", size,
+          " items, not ([version,] shape, dtype, fortran, data)");
+  }
+  const std::size_t first = size - 4;
+  if (first == 1 && (element(state, 0).kind != ItemKind::integer || element(state, 0).integer != 1)) {
+    error(ErrorCode::pickle_call_args_invalid, "a NumPy array's state has version ", describe(element(state, 0)),
+          ", not 1");
+  }
+  Dims sizes = int_tuple(element(state, first), "the NumPy array's shape");
+  const DType dtype = numpy_element_type(element(state, first + 1), "the NumPy array");
+  const Item& fortran = element(state, first + 2);
+  const Item& data = element(state, first + 3);
+  if (fortran.kind != ItemKind::boolean) {
+    error(ErrorCode::pickle_call_args_invalid, "a NumPy array's order flag is a ", describe(fortran), ", not a bool");
+  }
+  // NumPy 1 pickled raw bytes at protocol 2 as a latin-1 str (Python 2's str).
+  if (data.kind != ItemKind::bytes) {
+    error(ErrorCode::numpy_array_invalid, "a NumPy array's data is a ", describe(data), ", not bytes");
+  }
+  std::uint64_t numel = 1;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] < 0) error(ErrorCode::numpy_array_invalid, "NumPy array dimension ", d, " is ", sizes[d]);
+    numel = checked_mul<std::uint64_t>(numel, static_cast<std::uint64_t>(sizes[d]))
+                .value_or(std::numeric_limits<std::uint64_t>::max());
+  }
+  if (numel > limits_.max_tensor_numel) {
+    error(ErrorCode::tensor_numel_limit, numel, " elements exceed max_tensor_numel ", limits_.max_tensor_numel);
+  }
+  const std::size_t itemsize = dtype_itemsize(dtype);
+  const std::string_view bytes = text(data);
+  if (numel * itemsize != bytes.size()) {
+    error(ErrorCode::numpy_array_invalid, "a NumPy array of shape ", shape_text(sizes), " and dtype ",
+          dtype_name(dtype), " needs ", numel * itemsize, " bytes, its data has ", bytes.size());
+  }
+  if (++tensor_count_ > limits_.max_tensors) {
+    error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " tensors");
+  }
+  std::vector<std::byte> copy(reinterpret_cast<const std::byte*>(bytes.data()),
+                              reinterpret_cast<const std::byte*>(bytes.data()) + bytes.size());
+  if (numpy_dtypes_[element(state, first + 1).index].byte_order == '>' && itemsize > 1) {
+    // Complex numbers swap each half.
+    const std::size_t unit = dtype == DType::complex64 || dtype == DType::complex128 ? itemsize / 2 : itemsize;
+    for (std::size_t at = 0; at < copy.size(); at += unit) std::reverse(copy.begin() + at, copy.begin() + at + unit);
+  }
+  TensorData tensor;
+  tensor.dtype = dtype;
+  tensor.storage = Storage::copy_of(copy);
+  tensor.from_numpy = true;
+  // Row-major strides, or column-major for a Fortran-ordered array.
+  Dims strides;
+  strides.assign(sizes.size(), 1);
+  std::int64_t step = 1;
+  if (fortran.boolean) {
+    for (std::size_t d = 0; d < sizes.size(); ++d) {
+      strides[d] = step;
+      step *= std::max<std::int64_t>(sizes[d], 1);
+    }
+  } else {
+    for (std::size_t d = sizes.size(); d-- > 0;) {
+      strides[d] = step;
+      step *= std::max<std::int64_t>(sizes[d], 1);
+    }
+  }
+  tensor.sizes = std::move(sizes);
+  tensor.strides = std::move(strides);
+  Item item = value_item(Value::tensor(std::move(tensor)));
+  item.nodes = state.nodes;
+  return item;
+}
+
+// multiarray.scalar(dtype, bytes): a NumPy scalar, read as the plain value.
+Item Machine::reduce_numpy_scalar(const Item& args) {
+  if (tuple_size(args) != 2 || element(args, 1).kind != ItemKind::bytes) {
+    error(ErrorCode::pickle_call_args_invalid, "numpy scalar takes exactly (dtype, bytes)");
+  }
+  const DType dtype = numpy_element_type(element(args, 0), "a NumPy scalar");
+  std::string bytes(text(element(args, 1)));
+  if (bytes.size() != dtype_itemsize(dtype)) {
+    error(ErrorCode::numpy_array_invalid, "a NumPy ", dtype_name(dtype), " scalar has ", bytes.size(),
+          " bytes, not ", dtype_itemsize(dtype));
+  }
+  if (numpy_dtypes_[element(args, 0).index].byte_order == '>') std::reverse(bytes.begin(), bytes.end());
+  const auto load = [&bytes]<typename T>(T) {
+    T out;
+    std::memcpy(&out, bytes.data(), sizeof out);
+    return out;
+  };
+  switch (dtype) {
+    case DType::boolean: return boolean_item(bytes[0] != 0);
+    case DType::int8: return integer_item(load(std::int8_t{}));
+    case DType::int16: return integer_item(load(std::int16_t{}));
+    case DType::int32: return integer_item(load(std::int32_t{}));
+    case DType::int64: return integer_item(load(std::int64_t{}));
+    case DType::uint8: return integer_item(load(std::uint8_t{}));
+    case DType::uint16: return integer_item(load(std::uint16_t{}));
+    case DType::uint32: return integer_item(load(std::uint32_t{}));
+    case DType::uint64: {
+      const std::uint64_t value = load(std::uint64_t{});
+      if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        error(ErrorCode::pickle_int_invalid, "a NumPy uint64 scalar ", value, " does not fit in 64-bit signed");
+      }
+      return integer_item(static_cast<std::int64_t>(value));
+    }
+    case DType::float32: return floating_item(load(float{}));
+    case DType::float64: return floating_item(load(double{}));
+    case DType::float16: {
+      const auto half = load(std::uint16_t{});
+      // IEEE half to double, subnormals and specials included.
+      const int exponent = (half >> 10) & 0x1F;
+      const int mantissa = half & 0x3FF;
+      double magnitude;
+      if (exponent == 0) magnitude = std::ldexp(mantissa, -24);
+      else if (exponent == 31) magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN()
+                                                    : std::numeric_limits<double>::infinity();
+      else magnitude = std::ldexp(mantissa + 1024, exponent - 25);
+      return floating_item((half & 0x8000) ? -magnitude : magnitude);
+    }
+    default: break;
+  }
+  error(ErrorCode::numpy_dtype_unsupported, "a NumPy ", dtype_name(dtype),
+        " scalar has no plain Python value (complex scalars are not read)");
+}
+
 void Machine::do_build() {
   require(2);
   const Item state = pop();
   Item& target = stack_.back();
+  if (target.kind == ItemKind::numpy_dtype) {
+    build_numpy_dtype(target, state);
+    return;
+  }
+  if (target.kind == ItemKind::numpy_array) {
+    target = build_numpy_array(state);
+    return;
+  }
   if (value_kind(target) != ValueKind::ordered_dict) {
-    error(ErrorCode::pickle_build_forbidden, "BUILD on a ", describe(target), "; only an OrderedDict takes _metadata");
+    error(ErrorCode::pickle_build_forbidden, "BUILD on a ", describe(target),
+          "; only an OrderedDict (its _metadata), a NumPy dtype or a NumPy array take a state");
   }
   if (target.kind == ItemKind::value && values_[target.index].as_dict().metadata()) {
     error(ErrorCode::pickle_build_forbidden, "the OrderedDict already has _metadata");
