@@ -4,7 +4,7 @@ direction (docs/architecture.md has the layers and the reasons for them).
 
     python3 scripts/check_layers.py [REPO_ROOT]
 
-Walks *.h, *.cpp and *.h.in under src/, include/, tools/, examples/ and docs/examples/ (tests/,
+Walks *.h, *.cpp and *.h.in under src/, include/, tools/, examples/, docs/examples/ and python/native/ (tests/,
 bench/ and fuzz/ may include anything), resolves each "..." and <...> include
 the way the build's include paths do, and prints one line per violation:
 
@@ -83,11 +83,15 @@ PROGRAMS: dict[str, tuple[str, bool, bool]] = {
     "tools/holdpoint-doctor": ("tools/holdpoint-doctor", False, True),
     "examples":               ("examples", False, True),
     "docs/examples":          ("docs/examples (docs/api.md)", False, True),
+    # The Python package's extension: the library's own binding, built in this
+    # tree, so it may use the core's private headers (the .pt writer); never
+    # LibTorch: one build serves any torch (docs/python.md).
+    "python/native":          ("the Python extension python/native", True, False),
 }
 # Any other folder under tools/ gets this (public headers of any layer).
 OTHER_TOOL = (False, True)
 
-SCANNED_ROOTS = ("src", "include", "tools", "examples", "docs/examples")
+SCANNED_ROOTS = ("src", "include", "tools", "examples", "docs/examples", "python/native")
 SCANNED_SUFFIXES = (".h", ".cpp", ".h.in")
 
 # ---------------------------------------------------------------------------

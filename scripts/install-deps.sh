@@ -4,7 +4,8 @@
 # Debian package is missing.
 #
 #  1. Debian packages: the toolchain, the libraries holdpoint links (OpenSSL,
-#     ISA-L, nlohmann-json, CLI11, GoogleTest, ...), clang for the fuzzers, and
+#     ISA-L, nlohmann-json, CLI11, GoogleTest, the Python headers for the
+#     Python package, ...), clang for the fuzzers, and
 #     the second LibTorch configuration: libtorch-dev + libgloo-dev (LibTorch
 #     1.13 on Debian 12, 2.x on 13) and python3-torch.
 #  2. The primary configuration: a project-local virtual environment, .venv/
@@ -22,7 +23,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libpcg-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang
-  python3-torch python3-venv
+  python3-torch python3-venv python3-dev
 )
 # LibFuzzer and the sanitizer runtimes of the default clang.
 # clang may not be installed yet: its absence must not stop the script (set -e).

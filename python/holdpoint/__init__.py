@@ -1,0 +1,208 @@
+"""holdpoint for Python: open PyTorch checkpoints safely and completely.
+
+Every file is read by holdpoint's restricted reader (the C++ core): nothing in it
+is ever executed, every size is bounded, and a digest given by the caller is
+checked before anything is returned. Beyond what ``torch.load(weights_only=True)``
+accepts, it reads the values trainers store beside their weights as data: NumPy
+arrays and scalars (a NumPy RNG state), Python RNG states, OrderedDicts and
+Counters. See docs/python.md.
+
+    import holdpoint
+    state = holdpoint.load("rng_state.pth")            # never runs pickle code
+    holdpoint.save("model.pt", model.state_dict())     # atomic, with model.pt.sha256
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional, Union
+
+from ._errors import Error
+from . import _native
+from ._convert import TensorFactory, TensorInfo, describe_tensor, tensor_parts
+
+__all__ = [
+    "Error",
+    "RunDirectory",
+    "TensorInfo",
+    "error_codes",
+    "inspect",
+    "load",
+    "load_model_state",
+    "load_with_info",
+    "save",
+    "verify",
+]
+
+__version__: str = _native.__version__
+
+PathLike = Union[str, "os.PathLike[str]"]
+Limits = Mapping[str, Union[int, bool]]
+
+
+def _path(path: PathLike) -> str:
+    return os.fspath(path)
+
+
+def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
+                   tensors: str = "torch") -> tuple[Any, dict]:
+    """Like :func:`load`, and also returns what was checked: ``{"format", "sha256",
+    "digest_checked", "bytes", "warnings"}``."""
+    return _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors))
+
+
+def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
+         tensors: str = "torch") -> Any:
+    """Reads a checkpoint (a torch.save zip, a pre-1.6 torch.save stream or a
+    safetensors file) with holdpoint's restricted reader and returns what it holds:
+    dicts (``collections.OrderedDict`` where the file has one, with ``_metadata``),
+    lists, tuples, ints, floats, str, bytes, None and tensors.
+
+    - ``expected_sha256``: the file's SHA-256 (64 hex digits) from a source you
+      trust. The whole file is hashed and compared before anything is returned;
+      a mismatch raises :class:`Error` with code ``sha256_mismatch``.
+    - ``limits``: bounds of the reader, by ``holdpoint::Limits`` field name
+      (``{"max_tensors": 1000}``); docs/format.md section 9 lists them.
+    - ``tensors``: ``"torch"`` (the default) gives ``torch.Tensor`` (an
+      ``nn.Parameter`` where the file has one), ``"numpy"`` gives NumPy arrays.
+      Arrays NumPy pickled (a NumPy RNG state) come back as NumPy arrays either way.
+
+    Tensors view the load's private copy of the file without copying; it is freed
+    when the last of them is. Raises :class:`Error` (``.code`` names the reason)
+    for anything the reader refuses.
+    """
+    return load_with_info(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors)[0]
+
+
+_MODEL_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_state")
+
+
+def _is_tensor_mapping(value: Any) -> bool:
+    if not isinstance(value, dict) or not value:
+        return False
+    for key, item in value.items():
+        if not isinstance(key, str) or not hasattr(item, "shape"):
+            return False
+    return True
+
+
+def load_model_state(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
+                     key: Optional[str] = None, tensors: str = "torch") -> dict:
+    """The model's state dict in a checkpoint, ready for ``model.load_state_dict``.
+
+    The file itself when it is a state dict (names to tensors); otherwise the entry
+    ``key``, or the first of "model" (holdpoint's and Accelerate's layout),
+    "state_dict" (Lightning), "model_state_dict" (the PyTorch tutorial), "module"
+    and "model_state" that is a state dict. Raises :class:`Error` with code
+    ``legacy_layout_unrecognized`` when there is none.
+    """
+    root = load(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors)
+    if key is None and _is_tensor_mapping(root):
+        return root
+    candidates = (key,) if key is not None else _MODEL_KEYS
+    if isinstance(root, dict):
+        for name in candidates:
+            value = root.get(name)
+            if _is_tensor_mapping(value):
+                return value
+    shown = ", ".join(str(k) for k in list(root)[:12]) if isinstance(root, dict) else type(root).__name__
+    raise Error(f"{_path(path)}: no model state dict under {', '.join(candidates)} (the file holds {shown})",
+                "legacy_layout_unrecognized", _path(path))
+
+
+def save(path: PathLike, mapping: Any, *, sidecar: bool = True, durable: bool = True,
+         torch_1_13_compatible: bool = False) -> dict:
+    """Writes ``mapping`` as a PyTorch zip checkpoint that
+    ``torch.load(path, weights_only=True)`` reads, atomically: the file appears
+    complete under its name or not at all, and a crash never leaves a torn file.
+
+    ``mapping`` may hold dicts (str or int keys), OrderedDicts, lists, tuples,
+    None, bool, int, float, str, bytes, torch tensors (any device; written from the
+    CPU) and NumPy arrays and scalars (written as tensors and plain values).
+    Tensors that share a storage share it in the file. ``sidecar`` also writes
+    ``<path>.sha256`` (``sha256sum -c`` format); ``durable`` fsyncs the file and
+    its directory before returning. Returns ``{"sha256", "bytes", "tensors",
+    "storages"}``.
+    """
+    return _native.save(_path(path), mapping, sidecar, durable, torch_1_13_compatible, tensor_parts)
+
+
+def verify(path: PathLike, *, expected_sha256: Optional[str] = None, sidecar: bool = False,
+           limits: Optional[Limits] = None) -> dict:
+    """Checks a checkpoint completely (every structure, CRC-32 and tensor bound)
+    without keeping its tensors: memory stays bounded whatever the file's size.
+    ``expected_sha256`` or ``sidecar=True`` (``<path>.sha256``) also checks the
+    digest. Returns ``{"valid": True, "format", "sha256", "digest_checked",
+    "bytes", "warnings"}``; raises :class:`Error` when the file is refused."""
+    return _native.verify(_path(path), expected_sha256, sidecar, dict(limits) if limits else None)
+
+
+def inspect(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None) -> dict:
+    """What a checkpoint holds, without loading tensor bytes: ``{"format",
+    "sha256", "bytes", "tree", "records", "markers", ...}``. In ``tree``, each tensor
+    is a :class:`TensorInfo` (dtype, shape, stride, offset)."""
+    return _native.inspect(_path(path), expected_sha256, dict(limits) if limits else None, describe_tensor)
+
+
+def error_codes() -> dict[str, str]:
+    """Every error code, by name, with its description (the C++ ``holdpoint::ErrorCode``)."""
+    return _native.error_codes()
+
+
+class RunDirectory:
+    """A holdpoint run directory (``checkpoints/``, ``LATEST``, ``BEST``,
+    ``index.json``), as the C++ ``holdpoint::RunDirectory`` keeps it.
+
+    Opening one recovers it (``recover=True``, the default): unfinished staging
+    files are removed and a damaged generation is never LATEST (see
+    docs/run-directory.md). ``recover=False`` inspects without changing anything.
+    Every load is verified against the run's own record of the generation.
+    """
+
+    def __init__(self, path: PathLike, *, recover: bool = True, create: bool = True,
+                 limits: Optional[Limits] = None, best_metric: Optional[str] = None,
+                 higher_is_better: bool = False) -> None:
+        self._run = _native.RunDirectory(_path(path), recover, create, dict(limits) if limits else None,
+                                         best_metric, higher_is_better)
+
+    @property
+    def path(self) -> str:
+        return os.fspath(self._run.path)
+
+    def generations(self) -> list[dict]:
+        """Every generation, oldest first: name, step, epoch, kind, bytes, sha256, saved_at, metrics."""
+        return self._run.generations()
+
+    def latest(self) -> Optional[dict]:
+        return self._run.latest()
+
+    def best(self) -> Optional[dict]:
+        return self._run.best()
+
+    def recovery(self) -> list[str]:
+        """What opening the directory found and did, one line each."""
+        return self._run.recovery()
+
+    def file_path(self, generation: str = "latest") -> str:
+        return os.fspath(self._run.file_path(generation))
+
+    def load(self, generation: str = "latest", *, tensors: str = "torch") -> Any:
+        """Loads a generation ("latest", "best" or a name like "step-00000005.pt"),
+        checked against the SHA-256 and size the run recorded for it."""
+        return self._run.load(generation, TensorFactory(tensors))[0]
+
+    def verify(self, generation: str = "latest") -> dict:
+        """Checks one generation without loading it: ``{"name", "ok", "code", "detail"}``."""
+        return self._run.verify(generation)
+
+    def commit(self, components: Mapping[str, Any], *, step: int, epoch: int = 0, kind: str = "resume",
+               metrics: Optional[Mapping[str, float]] = None, semantic_identity: str = "python") -> dict:
+        """Writes ``components`` (``{"model": model.state_dict(), "optimizer": ...}``)
+        as generation ``step`` and publishes it atomically: the file, its sidecar,
+        the index and LATEST (and BEST when ``metrics`` say so). The file is a
+        holdpoint checkpoint: its manifest records each component's digest, so a
+        load checks each one, and the C++ library and CLI read it like their own."""
+        return self._run.commit(components, step, epoch, kind, dict(metrics or {}), semantic_identity, tensor_parts)
+
+    def __repr__(self) -> str:
+        return f"RunDirectory({self.path!r})"

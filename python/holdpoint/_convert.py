@@ -1,0 +1,150 @@
+"""Tensors between holdpoint's core and torch or NumPy, without copying.
+
+The core hands each storage of a load's private snapshot over as a buffer
+object that owns it; the factories here wrap it with ``torch.frombuffer`` or a
+NumPy array. The snapshot's memory is released when the last view of it dies.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ._errors import Error
+
+TENSOR_KINDS = ("torch", "numpy")
+
+
+def _numpy():
+    import numpy
+
+    return numpy
+
+
+def _torch_module(required: bool):
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch
+    try:
+        import torch  # noqa: F811
+    except ImportError:
+        if required:
+            raise Error("tensors='torch' needs torch installed (pip install torch)", "invalid_argument") from None
+        return None
+    return torch
+
+
+def _numpy_dtype(np, name: str):
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise Error(f"a {name} tensor has no NumPy dtype: load it with tensors='torch'", "dtype_unsupported") from None
+
+
+def _numpy_array(buffer, dtype: str, shape, stride, offset):
+    np = _numpy()
+    np_dtype = _numpy_dtype(np, dtype)
+    itemsize = np_dtype.itemsize
+    if buffer is None or len(buffer) == 0:
+        return np.zeros(shape, dtype=np_dtype)
+    return np.ndarray(shape, dtype=np_dtype, buffer=buffer, offset=offset * itemsize,
+                      strides=tuple(s * itemsize for s in stride))
+
+
+class TensorFactory:
+    """Called by the core once per tensor, with its storage's buffer."""
+
+    def __init__(self, tensors: str) -> None:
+        if tensors not in TENSOR_KINDS:
+            raise Error(f"tensors must be one of {TENSOR_KINDS}, not {tensors!r}", "invalid_argument")
+        self.torch = _torch_module(required=tensors == "torch") if tensors == "torch" else None
+        self.bases: dict[tuple[int, str], Any] = {}
+
+    def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):
+        torch = self.torch
+        if torch is None or from_numpy:
+            # What NumPy pickled comes back as NumPy, as the framework's own load gives it.
+            return _numpy_array(buffer, dtype, shape, stride, offset)
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise Error(f"this torch {torch.__version__} has no dtype {dtype}", "dtype_unsupported")
+        if buffer is None or len(buffer) == 0:
+            tensor = torch.empty(shape, dtype=torch_dtype)
+        else:
+            key = (id(buffer), dtype)
+            base = self.bases.get(key)
+            if base is None:
+                base = torch.frombuffer(buffer, dtype=torch_dtype)
+                self.bases[key] = base
+            tensor = base.as_strided(shape, stride, offset)
+        if is_parameter:
+            return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+        if requires_grad:
+            tensor.requires_grad_(True)
+        return tensor
+
+
+def describe_tensor(buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):
+    """What inspect shows of a tensor: no bytes are read."""
+    out = {"dtype": dtype, "shape": list(shape), "stride": list(stride), "offset": offset}
+    if requires_grad:
+        out["requires_grad"] = True
+    if is_parameter:
+        out["parameter"] = True
+    if from_numpy:
+        out["numpy"] = True
+    return TensorInfo(out)
+
+
+class TensorInfo(dict):
+    """A tensor in an inspect tree: dtype, shape, stride, offset (no data)."""
+
+    def __repr__(self) -> str:
+        return f"Tensor({self['dtype']}, {self['shape']})"
+
+
+def tensor_parts(value):
+    """What the writer needs of a tensor or array: (buffer, dtype, shape, stride,
+    offset, requires_grad, is_parameter, storage identity); the plain value of a
+    NumPy scalar; None for anything else."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return _torch_parts(torch, value)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(value, np.ndarray):
+            return _numpy_parts(np, value)
+        if isinstance(value, np.generic):
+            return value.item()
+    return None
+
+
+def _torch_parts(torch, t):
+    if t.layout != torch.strided:
+        raise Error(f"save: a {t.layout} tensor; only dense (strided) tensors are written", "write_value_unsupported")
+    if t.device.type != "cpu":
+        t = t.detach().cpu()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    is_parameter = isinstance(t, torch.nn.Parameter)
+    requires_grad = bool(t.requires_grad)
+    t = t.detach()
+    storage = t.untyped_storage()
+    # A uint8 view of the whole storage: tensors sharing it share it in the file.
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+    buffer = whole.numpy() if storage.nbytes() else bytearray()
+    name = str(t.dtype).removeprefix("torch.")
+    return (buffer, name, tuple(t.shape), tuple(t.stride()), t.storage_offset(), requires_grad, is_parameter,
+            storage.data_ptr() or id(storage))
+
+
+def _numpy_parts(np, a):
+    if a.dtype.kind not in "biufc" or a.dtype.fields is not None:
+        raise Error(f"save: a NumPy array of dtype {a.dtype}; only numbers are written", "write_value_unsupported")
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    a = np.ascontiguousarray(a)
+    itemsize = a.dtype.itemsize
+    stride = tuple(s // itemsize for s in a.strides)
+    buffer = a.reshape(-1).view(np.uint8) if a.size else bytearray()
+    return (buffer, a.dtype.name, tuple(a.shape), stride, 0, False, False, a.__array_interface__["data"][0] or id(a))

@@ -1,0 +1,600 @@
+// holdpoint._native: the Python package's bridge to the LibTorch-free core.
+//
+// It converts between holdpoint's Value tree and Python objects and nothing
+// more; every rule (what is read, the limits, the digest, atomic publication)
+// stays in the core. Tensors cross zero-copy in both directions:
+//   - reading, each storage of the private snapshot is handed to Python as a
+//     StorageBuffer (buffer protocol) that owns it; the tensor factory given
+//     by holdpoint/_convert.py wraps it with torch.frombuffer or NumPy, so the
+//     snapshot lives exactly as long as some view of it does;
+//   - writing, a tensor arrives as (buffer, dtype, shape, stride, offset, ...)
+//     from the same module, and the Storage written views the buffer, holding a
+//     reference to it until the save returns.
+// The GIL is released while files are read, hashed, parsed or written.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "holdpoint/base/error.h"
+#include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/scan.h"
+#include "holdpoint/run/run_directory.h"
+#include "holdpoint_version.h"
+
+#include "holdpoint/schema/manifest.h"
+
+#include "format/pt_writer.h"
+#include "schema/written_storage_digests.h"
+
+namespace py = pybind11;
+
+namespace holdpoint::python {
+namespace {
+
+// ---- errors -------------------------------------------------------------------------------
+
+// holdpoint.Error (holdpoint/_errors.py), looked up once the module is imported.
+py::object& error_class() {
+  static py::object* cls = new py::object();  // never destroyed: outlives the interpreter's teardown order
+  return *cls;
+}
+
+void translate_errors(std::exception_ptr pending) {
+  try {
+    if (pending) std::rethrow_exception(pending);
+  } catch (const Error& error) {
+    py::object exc = error_class()(std::string(error.what()), std::string(error_code_name(error.code())),
+                                   error.path().empty() ? py::object(py::none()) : py::object(py::str(error.path())),
+                                   error.detail());
+    PyErr_SetObject(error_class().ptr(), exc.ptr());
+  }
+}
+
+[[noreturn]] void fail_argument(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
+
+// ---- options ------------------------------------------------------------------------------
+
+Limits limits_from(const py::object& given) {
+  Limits limits;
+  if (given.is_none()) return limits;
+  if (!py::isinstance<py::dict>(given)) fail_argument("limits must be a dict of Limits fields, not " + std::string(py::str(given.get_type())));
+  for (const auto& [key, value] : given.cast<py::dict>()) {
+    const std::string name = py::str(key);
+    if (name == "allow_zero_crc") {
+      limits.allow_zero_crc = value.cast<bool>();
+      continue;
+    }
+    const auto number = value.cast<std::uint64_t>();
+    const auto set = [&](auto& field) {
+      using Field = std::remove_reference_t<decltype(field)>;
+      if (number > std::numeric_limits<Field>::max()) {
+        fail_argument("limits['" + name + "'] = " + std::to_string(number) + " is above " +
+                      std::to_string(std::numeric_limits<Field>::max()));
+      }
+      field = static_cast<Field>(number);
+    };
+#define HOLDPOINT_LIMIT(field) \
+  if (name == #field) {        \
+    set(limits.field);         \
+    continue;                  \
+  }
+    HOLDPOINT_LIMIT(max_file_bytes)
+    HOLDPOINT_LIMIT(max_records)
+    HOLDPOINT_LIMIT(max_central_directory_bytes)
+    HOLDPOINT_LIMIT(max_pickle_bytes)
+    HOLDPOINT_LIMIT(max_opcodes)
+    HOLDPOINT_LIMIT(max_stack_items)
+    HOLDPOINT_LIMIT(max_mark_depth)
+    HOLDPOINT_LIMIT(max_nesting_depth)
+    HOLDPOINT_LIMIT(max_memo_entries)
+    HOLDPOINT_LIMIT(max_string_bytes)
+    HOLDPOINT_LIMIT(max_container_elements)
+    HOLDPOINT_LIMIT(max_expanded_nodes)
+    HOLDPOINT_LIMIT(max_tensors)
+    HOLDPOINT_LIMIT(max_tensor_rank)
+    HOLDPOINT_LIMIT(max_tensor_numel)
+    HOLDPOINT_LIMIT(max_tensor_logical_bytes)
+    HOLDPOINT_LIMIT(max_view_expansion)
+    HOLDPOINT_LIMIT(max_safetensors_header_bytes)
+    HOLDPOINT_LIMIT(max_json_depth)
+#undef HOLDPOINT_LIMIT
+    fail_argument("limits has no field '" + name + "' (docs/format.md, section 9)");
+  }
+  return limits;
+}
+
+LoadOptions load_options(const py::object& expected_sha256, const py::object& limits) {
+  LoadOptions options;
+  options.limits = limits_from(limits);
+  if (!expected_sha256.is_none()) options.expected_sha256 = Sha256Digest::parse(expected_sha256.cast<std::string>());
+  return options;
+}
+
+// ---- Value -> Python ----------------------------------------------------------------------
+
+// The bytes of one storage, exported read-write (they are the load's private
+// copy) through the buffer protocol; the storage, and with it the snapshot,
+// lives as long as this object.
+struct StorageBuffer {
+  std::shared_ptr<const Storage> storage;
+};
+
+class ToPython {
+ public:
+  explicit ToPython(py::object make_tensor) : make_tensor_(std::move(make_tensor)) {}
+
+  py::object convert(const Value& value) {
+    switch (value.kind()) {
+      case ValueKind::none: return py::none();
+      case ValueKind::boolean: return py::bool_(value.as_bool());
+      case ValueKind::integer: return py::int_(value.as_int());
+      case ValueKind::floating: return py::float_(value.as_double());
+      case ValueKind::string: return py::str(value.as_string());
+      case ValueKind::bytes: return py::bytes(value.as_bytes());
+      case ValueKind::list: {
+        py::list out(value.as_list().size());
+        std::size_t i = 0;
+        for (const Value& item : value.as_list()) out[i++] = convert(item);
+        return out;
+      }
+      case ValueKind::tuple: {
+        py::tuple out(value.as_list().size());
+        std::size_t i = 0;
+        for (const Value& item : value.as_list()) out[i++] = convert(item);
+        return out;
+      }
+      case ValueKind::dict:
+      case ValueKind::ordered_dict: {
+        py::object out = value.is_ordered_dict() ? ordered_dict()() : py::dict();
+        for (const auto& [key, item] : value.as_dict()) {
+          py::object py_key = key.is_string() ? py::object(py::str(key.as_string())) : py::object(py::int_(key.as_int()));
+          out[py_key] = convert(item);
+        }
+        if (const auto& metadata = value.as_dict().metadata()) out.attr("_metadata") = convert(*metadata);
+        return out;
+      }
+      case ValueKind::tensor: return tensor(value.as_tensor());
+    }
+    return py::none();
+  }
+
+ private:
+  static py::object& ordered_dict() {
+    static py::object* cls = new py::object(py::module_::import("collections").attr("OrderedDict"));
+    return *cls;
+  }
+
+  py::object tensor(const TensorData& t) {
+    // One buffer per storage, so that views of one storage share it in Python too.
+    // A scan (inspect) keeps no bytes: the factory then gets None.
+    py::object& buffer = buffers_[t.storage->identity()];
+    if (!buffer) buffer = t.storage->has_bytes() ? py::cast(StorageBuffer{t.storage}) : py::object(py::none());
+    py::tuple shape(t.sizes.size()), stride(t.strides.size());
+    for (std::size_t d = 0; d < t.sizes.size(); ++d) {
+      shape[d] = py::int_(t.sizes[d]);
+      stride[d] = py::int_(t.strides[d]);
+    }
+    return make_tensor_(buffer, py::str(std::string(dtype_name(t.dtype))), shape, stride, t.storage_offset,
+                        t.requires_grad, t.is_parameter, t.from_numpy);
+  }
+
+  py::object make_tensor_;
+  std::unordered_map<const void*, py::object> buffers_;
+};
+
+py::dict mapping_info(const LoadedMapping& mapping) {
+  py::dict info;
+  info["format"] = std::string(file_format_name(mapping.format));
+  info["sha256"] = mapping.sha256.hex();
+  info["digest_checked"] = mapping.digest_checked;
+  info["bytes"] = mapping.file_bytes;
+  info["warnings"] = mapping.warnings;
+  return info;
+}
+
+// ---- Python -> Value ----------------------------------------------------------------------
+
+// Holds a Python object for a Storage; released under the GIL from any thread.
+struct PythonOwner {
+  py::object object;
+  ~PythonOwner() {
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+};
+
+class FromPython {
+ public:
+  explicit FromPython(py::object tensor_parts) : tensor_parts_(std::move(tensor_parts)) {
+    ordered_dict_ = py::module_::import("collections").attr("OrderedDict");
+  }
+
+  Value convert(const py::handle& object, int depth = 0) {
+    if (depth > 64) throw Error(ErrorCode::write_value_unsupported, "save: containers nest deeper than 64 levels");
+    if (object.is_none()) return Value::none();
+    if (py::isinstance<py::bool_>(object)) return Value::boolean(object.cast<bool>());
+    if (PyLong_CheckExact(object.ptr()) || py::isinstance<py::int_>(object)) {
+      try {
+        return Value::integer(object.cast<std::int64_t>());
+      } catch (const py::cast_error&) {
+        throw Error(ErrorCode::write_value_unsupported, "save: the int " + std::string(py::str(object)) +
+                                                            " does not fit in 64 bits");
+      }
+    }
+    if (py::isinstance<py::float_>(object)) return Value::floating(object.cast<double>());
+    if (py::isinstance<py::str>(object)) return Value::string(object.cast<std::string>());
+    if (py::isinstance<py::bytes>(object)) return Value::bytes(object.cast<std::string>());
+    if (py::isinstance<py::dict>(object)) {
+      Dict entries;
+      for (const auto& [key, item] : object.cast<py::dict>()) {
+        std::optional<DictKey> dict_key;
+        if (py::isinstance<py::str>(key)) dict_key.emplace(key.cast<std::string>());
+        else if (py::isinstance<py::int_>(key) && !py::isinstance<py::bool_>(key)) dict_key.emplace(key.cast<std::int64_t>());
+        else {
+          throw Error(ErrorCode::write_value_unsupported, "save: a dict key of type " +
+                                                              std::string(py::str(key.get_type().attr("__name__"))) +
+                                                              "; keys are str or int");
+        }
+        entries.insert(*dict_key, convert(item, depth + 1));
+      }
+      const bool ordered = py::isinstance(object, ordered_dict_);
+      if (ordered && py::hasattr(object, "_metadata")) entries.set_metadata(convert(object.attr("_metadata"), depth + 1));
+      return ordered ? Value::ordered_dict(std::move(entries)) : Value::dict(std::move(entries));
+    }
+    if (py::isinstance<py::list>(object) || py::isinstance<py::tuple>(object)) {
+      Value::List items;
+      for (const auto& item : object) items.push_back(convert(item, depth + 1));
+      return py::isinstance<py::list>(object) ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+    }
+    // Tensors, arrays and NumPy scalars: holdpoint/_convert.py says what they hold.
+    py::object parts = tensor_parts_(object);
+    if (parts.is_none()) {
+      throw Error(ErrorCode::write_value_unsupported,
+                  "save: a value of type " + std::string(py::str(object.get_type().attr("__qualname__"))) +
+                      " (only None, bool, int, float, str, bytes, list, tuple, dict, tensors and NumPy values)");
+    }
+    if (!py::isinstance<py::tuple>(parts)) return convert(parts, depth);  // a NumPy scalar's plain value
+    return tensor(parts.cast<py::tuple>());
+  }
+
+ private:
+  // (buffer, dtype name, shape, stride, offset, requires_grad, is_parameter, identity)
+  Value tensor(const py::tuple& parts) {
+    py::buffer buffer = parts[0];
+    py::buffer_info info = buffer.request();
+    const std::size_t nbytes = static_cast<std::size_t>(info.size * info.itemsize);
+    const auto dtype = dtype_from_name(parts[1].cast<std::string>());
+    if (!dtype) throw Error(ErrorCode::write_value_unsupported, "save: dtype " + parts[1].cast<std::string>());
+    auto owner = std::make_shared<PythonOwner>();
+    owner->object = buffer;
+    const auto identity = reinterpret_cast<const void*>(parts[7].cast<std::uintptr_t>());
+    TensorData t;
+    t.dtype = *dtype;
+    t.sizes = parts[2].cast<std::vector<std::int64_t>>();
+    t.strides = parts[3].cast<std::vector<std::int64_t>>();
+    t.storage_offset = parts[4].cast<std::int64_t>();
+    t.requires_grad = parts[5].cast<bool>();
+    t.is_parameter = parts[6].cast<bool>();
+    // Storages the writer sees twice under one identity must be one object.
+    // Memory reached two ways (a NumPy array over part of a torch tensor's
+    // storage) is written twice rather than under a wrong size.
+    const auto* data = static_cast<const std::byte*>(info.ptr);
+    auto& storage = storages_[identity ? identity : info.ptr];
+    if (!storage) {
+      storage = std::make_shared<const Storage>(data, nbytes, owner, identity ? identity : info.ptr);
+      t.storage = storage;
+    } else if (storage->nbytes() == nbytes && (nbytes == 0 || storage->data() == data)) {
+      t.storage = storage;
+    } else {
+      t.storage = std::make_shared<const Storage>(data, nbytes, owner, owner.get());
+    }
+    return Value::tensor(std::move(t));
+  }
+
+  py::object tensor_parts_;
+  py::object ordered_dict_;
+  std::unordered_map<const void*, std::shared_ptr<const Storage>> storages_;
+};
+
+// ---- entry points ---------------------------------------------------------------------------
+
+py::tuple load(const std::filesystem::path& path, const py::object& expected_sha256, const py::object& limits,
+               const py::object& make_tensor) {
+  const LoadOptions options = load_options(expected_sha256, limits);
+  LoadedMapping mapping;
+  {
+    py::gil_scoped_release released;
+    mapping = load_checkpoint_mapping(path, options);
+  }
+  ToPython to_python(make_tensor);
+  return py::make_tuple(to_python.convert(mapping.root), mapping_info(mapping));
+}
+
+// What `holdpoint inspect` shows: the tree with tensors as (dtype, shape)
+// and no bytes, the records and the format markers; streams the file.
+py::dict inspect(const std::filesystem::path& path, const py::object& expected_sha256, const py::object& limits,
+                 const py::object& describe_tensor) {
+  const LoadOptions options = load_options(expected_sha256, limits);
+  LoadedMapping mapping;
+  {
+    py::gil_scoped_release released;
+    mapping = scan_checkpoint(path, options, ScanKeeps::tree);
+  }
+  ToPython to_python(describe_tensor);
+  py::dict info = mapping_info(mapping);
+  info["tree"] = to_python.convert(mapping.root);
+  py::list records;
+  for (const RecordInfo& record : mapping.records) {
+    py::dict entry;
+    entry["name"] = record.name;
+    entry["offset"] = record.offset;
+    entry["size"] = record.size;
+    entry["crc32"] = record.crc32;
+    records.append(entry);
+  }
+  info["records"] = records;
+  py::dict markers;
+  markers["archive_name"] = mapping.markers.archive_name;
+  markers["version"] = mapping.markers.version;
+  markers["byteorder"] = mapping.markers.byteorder;
+  markers["pickle_protocol"] = mapping.markers.pickle_protocol;
+  markers["producer"] = mapping.markers.producer;
+  info["markers"] = markers;
+  return info;
+}
+
+py::dict verify(const std::filesystem::path& path, const py::object& expected_sha256, bool sidecar,
+                const py::object& limits) {
+  LoadOptions options = load_options(expected_sha256, limits);
+  if (sidecar) {
+    if (options.expected_sha256) fail_argument("verify: give expected_sha256 or sidecar=True, not both");
+    options.expected_sha256 = read_sha256_sidecar(path);
+  }
+  LoadedMapping mapping;
+  {
+    py::gil_scoped_release released;
+    mapping = scan_checkpoint(path, options, ScanKeeps::verdict);
+  }
+  py::dict info = mapping_info(mapping);
+  info["valid"] = true;
+  info["digest_checked"] = options.expected_sha256.has_value();
+  return info;
+}
+
+py::dict save(const std::filesystem::path& path, const py::handle& root, bool sidecar, bool durable,
+              bool torch_1_13_compatible, const py::object& tensor_parts) {
+  SaveOptions options;
+  options.write_sidecar = sidecar;
+  options.durable = durable;
+  options.torch_1_13_compatible = torch_1_13_compatible;
+  FromPython from_python(tensor_parts);
+  const Value value = from_python.convert(root);
+  SaveResult result;
+  {
+    py::gil_scoped_release released;
+    result = save_mapping(path, value, options);
+  }
+  py::dict out;
+  out["sha256"] = result.sha256.hex();
+  out["bytes"] = result.file_bytes;
+  out["tensors"] = result.tensor_count;
+  out["storages"] = result.storage_count;
+  return out;
+}
+
+// ---- run directories ------------------------------------------------------------------------
+
+py::dict generation_dict(const GenerationInfo& g) {
+  py::dict out;
+  out["name"] = g.name;
+  out["step"] = g.step;
+  out["epoch"] = g.epoch;
+  out["kind"] = g.kind;
+  out["bytes"] = g.size;
+  out["sha256"] = g.sha256.hex();
+  out["saved_at"] = g.saved_at;
+  py::dict metrics;
+  for (const auto& [name, value] : g.metrics) metrics[py::str(name)] = value;
+  out["metrics"] = metrics;
+  out["world_size"] = g.world_size;
+  return out;
+}
+
+class PyRunDirectory {
+ public:
+  PyRunDirectory(const std::filesystem::path& path, bool recover, bool create, const py::object& limits,
+                 const py::object& best_metric, bool higher_is_better) {
+    RunDirectoryOptions options;
+    options.recover = recover;
+    options.create = create;
+    options.limits = limits_from(limits);
+    if (!best_metric.is_none()) options.best_metric = BestMetric{best_metric.cast<std::string>(), higher_is_better};
+    py::gil_scoped_release released;
+    run_ = std::make_unique<RunDirectory>(path, std::move(options));
+  }
+
+  std::filesystem::path path() const { return run_->path(); }
+  py::list generations() const {
+    py::list out;
+    for (const GenerationInfo& g : run_->generations()) out.append(generation_dict(g));
+    return out;
+  }
+  py::object latest() const {
+    const auto g = run_->latest();
+    return g ? py::object(generation_dict(*g)) : py::object(py::none());
+  }
+  py::object best() const {
+    const auto g = run_->best();
+    return g ? py::object(generation_dict(*g)) : py::object(py::none());
+  }
+  std::filesystem::path file_path(const std::string& name) const { return run_->file_path(find(name)); }
+  py::list recovery() const {
+    py::list out;
+    for (const std::string& line : run_->recovery().lines()) out.append(line);
+    return out;
+  }
+
+  // Loads a generation by name, verified against the run's own records.
+  py::tuple load(const std::string& name, const py::object& make_tensor) const {
+    const GenerationInfo generation = find(name);
+    LoadedMapping mapping;
+    {
+      py::gil_scoped_release released;
+      mapping = run_->load(generation);
+    }
+    ToPython to_python(make_tensor);
+    return py::make_tuple(to_python.convert(mapping.root), mapping_info(mapping));
+  }
+
+  py::dict verify(const std::string& name) const {
+    const GenerationInfo generation = find(name);
+    GenerationCheck check;
+    {
+      py::gil_scoped_release released;
+      check = run_->verify(generation);
+    }
+    py::dict out;
+    out["name"] = check.name;
+    out["ok"] = check.ok;
+    out["code"] = check.code ? py::object(py::str(std::string(error_code_name(*check.code)))) : py::object(py::none());
+    out["detail"] = check.detail;
+    return out;
+  }
+
+  // A generation is a holdpoint checkpoint: each top-level entry of the
+  // mapping is a component, whose digest the manifest ("holdpoint") records,
+  // as the C++ TrainingState writes it (docs/resume-contract.md).
+  py::dict commit(const py::handle& root, std::int64_t step, std::int64_t epoch, const std::string& kind,
+                  const py::dict& metrics, const std::string& semantic_identity, const py::object& tensor_parts) {
+    GenerationSpec spec;
+    spec.step = step;
+    spec.epoch = epoch;
+    spec.kind = kind;
+    for (const auto& [name, value] : metrics) spec.metrics.emplace_back(py::str(name), value.cast<double>());
+    FromPython from_python(tensor_parts);
+    const Value value = from_python.convert(root);
+    if (!value.is_dict() || value.as_dict().empty()) {
+      fail_argument("commit: the mapping must be a non-empty dict of components (\"model\", \"optimizer\", ...)");
+    }
+    for (const auto& [key, state] : value.as_dict()) {
+      if (!key.is_string() || key.as_string() == kManifestKey) {
+        fail_argument("commit: component names are str, and '" + std::string(kManifestKey) + "' is the manifest's");
+      }
+    }
+    Manifest manifest;
+    manifest.kind = CheckpointKind::resume;
+    manifest.semantic_identity = semantic_identity;
+    manifest.config.load_bearing("semantic_identity", Value::string(semantic_identity));
+    manifest.config.load_bearing("profile", Value::string(manifest.profile));
+    manifest.holdpoint_version = HOLDPOINT_VERSION;
+    manifest.libtorch_version = "none (Python package)";
+    manifest.compiler = __VERSION__;
+    Dict provisional;
+    provisional.insert(std::string(kManifestKey), manifest.to_value());
+    for (const auto& [key, state] : value.as_dict()) provisional.insert(key, state);
+    const auto final_root = [&](const std::vector<format::WrittenStorage>& written) {
+      StorageDigests digests = schema::written_storage_digests(written);
+      Manifest complete = manifest;
+      for (const auto& [key, state] : value.as_dict()) {
+        complete.components.push_back({key.as_string(), component_digest(state, digests), Value()});
+      }
+      Dict body;
+      body.insert(std::string(kManifestKey), complete.to_value());
+      for (const auto& [key, state] : value.as_dict()) body.insert(key, state);
+      return Value::dict(std::move(body));
+    };
+    CommitResult result;
+    {
+      py::gil_scoped_release released;
+      result = run_->commit(spec, [&](io::ByteSink& sink) {
+        format::write_pt_storages_first(sink, Value::dict(provisional), final_root, {});
+      });
+    }
+    py::dict out = generation_dict(result.generation);
+    out["became_best"] = result.became_best;
+    out["deleted"] = result.deleted;
+    return out;
+  }
+
+ private:
+  GenerationInfo find(const std::string& name) const {
+    if (name == "latest" || name == "best") {
+      const auto g = name == "latest" ? run_->latest() : run_->best();
+      if (!g) throw Error(ErrorCode::invalid_argument, "run " + run_->path().string() + " has no " + name + " generation");
+      return *g;
+    }
+    const auto g = run_->find(name);
+    if (!g) throw Error(ErrorCode::invalid_argument, "run " + run_->path().string() + " has no generation '" + name + "'");
+    return *g;
+  }
+
+  std::unique_ptr<RunDirectory> run_;
+};
+
+}  // namespace
+}  // namespace holdpoint::python
+
+PYBIND11_MODULE(_native, m) {
+  using namespace holdpoint;
+  using namespace holdpoint::python;
+  m.doc() = "holdpoint's core, for the holdpoint package (use the functions of holdpoint, not these)";
+  m.attr("__version__") = HOLDPOINT_VERSION;
+  error_class() = py::module_::import("holdpoint._errors").attr("Error");
+  py::register_exception_translator(&translate_errors);
+
+  py::class_<StorageBuffer>(m, "StorageBuffer", py::buffer_protocol())
+      .def_buffer([](StorageBuffer& buffer) {
+        // Zero-size storages have no pointer to export; a one-byte dummy keeps
+        // the buffer valid (its length stays 0).
+        static std::byte empty{};
+        auto* data = buffer.storage->nbytes() ? const_cast<std::byte*>(buffer.storage->data()) : &empty;
+        return py::buffer_info(data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(buffer.storage->nbytes())}, {1}, /*readonly=*/false);
+      })
+      .def("__len__", [](const StorageBuffer& buffer) { return buffer.storage->nbytes(); });
+
+  m.def("load", &load, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"), py::arg("make_tensor"));
+  m.def("inspect", &inspect, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"),
+        py::arg("describe_tensor"));
+  m.def("verify", &verify, py::arg("path"), py::arg("expected_sha256"), py::arg("sidecar"), py::arg("limits"));
+  m.def("save", &save, py::arg("path"), py::arg("root"), py::arg("sidecar"), py::arg("durable"),
+        py::arg("torch_1_13_compatible"), py::arg("tensor_parts"));
+  m.def("error_codes", [] {
+    py::dict out;
+    for (std::size_t i = 0; i < error_code_count(); ++i) {
+      const auto code = static_cast<ErrorCode>(i);
+      out[py::str(std::string(error_code_name(code)))] = std::string(error_code_description(code));
+    }
+    return out;
+  });
+  m.def("is_environment_error", [](const std::string& name) {
+    const auto code = error_code_from_name(name);
+    return code && is_environment_error(*code);
+  });
+  m.def("sha256_of_sidecar", [](const std::filesystem::path& path) { return read_sha256_sidecar(path).hex(); });
+
+  py::class_<PyRunDirectory>(m, "RunDirectory")
+      .def(py::init<const std::filesystem::path&, bool, bool, const py::object&, const py::object&, bool>(),
+           py::arg("path"), py::arg("recover"), py::arg("create"), py::arg("limits"), py::arg("best_metric"),
+           py::arg("higher_is_better"))
+      .def_property_readonly("path", &PyRunDirectory::path)
+      .def("generations", &PyRunDirectory::generations)
+      .def("latest", &PyRunDirectory::latest)
+      .def("best", &PyRunDirectory::best)
+      .def("file_path", &PyRunDirectory::file_path)
+      .def("recovery", &PyRunDirectory::recovery)
+      .def("load", &PyRunDirectory::load)
+      .def("verify", &PyRunDirectory::verify)
+      .def("commit", &PyRunDirectory::commit);
+}
