@@ -15,7 +15,7 @@ Counters. See docs/python.md.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union, cast
 
 from ._errors import Error
 from . import _native
@@ -45,14 +45,14 @@ def _path(path: PathLike) -> str:
 
 
 def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-                   tensors: str = "torch") -> tuple[Any, dict]:
+                   tensors: str = "auto") -> tuple[Any, dict]:
     """Like :func:`load`, and also returns what was checked: ``{"format", "sha256",
     "digest_checked", "bytes", "warnings"}``."""
     return _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors))
 
 
 def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-         tensors: str = "torch") -> Any:
+         tensors: str = "auto") -> Any:
     """Reads a checkpoint (a torch.save zip, a pre-1.6 torch.save stream or a
     safetensors file) with holdpoint's restricted reader and returns what it holds:
     dicts (``collections.OrderedDict`` where the file has one, with ``_metadata``),
@@ -63,9 +63,11 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
       a mismatch raises :class:`Error` with code ``sha256_mismatch``.
     - ``limits``: bounds of the reader, by ``holdpoint::Limits`` field name
       (``{"max_tensors": 1000}``); docs/format.md section 9 lists them.
-    - ``tensors``: ``"torch"`` (the default) gives ``torch.Tensor`` (an
-      ``nn.Parameter`` where the file has one), ``"numpy"`` gives NumPy arrays.
-      Arrays NumPy pickled (a NumPy RNG state) come back as NumPy arrays either way.
+    - ``tensors``: ``"torch"`` gives ``torch.Tensor`` (an ``nn.Parameter`` where
+      the file has one), ``"numpy"`` gives NumPy arrays, and ``"auto"`` (the
+      default) gives torch tensors when torch is installed and NumPy arrays
+      otherwise. Arrays NumPy pickled (a NumPy RNG state) come back as NumPy
+      arrays either way.
 
     Tensors view the load's private copy of the file without copying; it is freed
     when the last of them is. Raises :class:`Error` (``.code`` names the reason)
@@ -87,7 +89,7 @@ def _is_tensor_mapping(value: Any) -> bool:
 
 
 def load_model_state(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-                     key: Optional[str] = None, tensors: str = "torch") -> dict:
+                     key: Optional[str] = None, tensors: str = "auto") -> dict:
     """The model's state dict in a checkpoint, ready for ``model.load_state_dict``.
 
     The file itself when it is a state dict (names to tensors); otherwise the entry
@@ -104,7 +106,7 @@ def load_model_state(path: PathLike, *, expected_sha256: Optional[str] = None, l
         for name in candidates:
             value = root.get(name)
             if _is_tensor_mapping(value):
-                return value
+                return cast(dict, value)
     shown = ", ".join(str(k) for k in list(root)[:12]) if isinstance(root, dict) else type(root).__name__
     raise Error(f"{_path(path)}: no model state dict under {', '.join(candidates)} (the file holds {shown})",
                 "legacy_layout_unrecognized", _path(path))
@@ -186,7 +188,7 @@ class RunDirectory:
     def file_path(self, generation: str = "latest") -> str:
         return os.fspath(self._run.file_path(generation))
 
-    def load(self, generation: str = "latest", *, tensors: str = "torch") -> Any:
+    def load(self, generation: str = "latest", *, tensors: str = "auto") -> Any:
         """Loads a generation ("latest", "best" or a name like "step-00000005.pt"),
         checked against the SHA-256 and size the run recorded for it."""
         return self._run.load(generation, TensorFactory(tensors))[0]

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._errors import Error
 
-TENSOR_KINDS = ("torch", "numpy")
+TENSOR_KINDS = ("auto", "torch", "numpy")
 
 
 def _numpy():
@@ -22,11 +22,10 @@ def _numpy():
 
 
 def _torch_module(required: bool):
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch
+    if sys.modules.get("torch") is not None:
+        return sys.modules["torch"]
     try:
-        import torch  # noqa: F811
+        import torch
     except ImportError:
         if required:
             raise Error("tensors='torch' needs torch installed (pip install torch)", "invalid_argument") from None
@@ -57,7 +56,8 @@ class TensorFactory:
     def __init__(self, tensors: str) -> None:
         if tensors not in TENSOR_KINDS:
             raise Error(f"tensors must be one of {TENSOR_KINDS}, not {tensors!r}", "invalid_argument")
-        self.torch = _torch_module(required=tensors == "torch") if tensors == "torch" else None
+        # "auto": torch when it is installed, NumPy otherwise.
+        self.torch = _torch_module(required=tensors == "torch") if tensors != "numpy" else None
         self.bases: dict[tuple[int, str], Any] = {}
 
     def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):

@@ -251,8 +251,9 @@ def check_save(report, tmp):
     ]:
         target = os.path.join(tmp, "refused", "file.pt")
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        expect_error(report, f"save of {what}", code, lambda: holdpoint.save(target, value))
-        report.check(os.listdir(os.path.dirname(target)) == [], f"save of {what} left {os.listdir(os.path.dirname(target))}")
+        expect_error(report, f"save of {what}", code, lambda t=target, v=value: holdpoint.save(t, v))
+        left = os.listdir(os.path.dirname(target))
+        report.check(left == [], f"save of {what} left {left}")
     # An existing file is replaced whole or not at all.
     holdpoint.save(path, {"x": torch.ones(3)})
     expect_error(report, "failed overwrite", "write_value_unsupported", lambda: holdpoint.save(path, {"x": {1}}))
@@ -275,8 +276,8 @@ def check_corpus(report):
             if code == "?":
                 continue
             refused += 1
-            expect_error(report, f"corpus {rel}: load", code, lambda: holdpoint.load(path, tensors="numpy"))
-            expect_error(report, f"corpus {rel}: verify", code, lambda: holdpoint.verify(path))
+            expect_error(report, f"corpus {rel}: load", code, lambda p=path: holdpoint.load(p, tensors="numpy"))
+            expect_error(report, f"corpus {rel}: verify", code, lambda p=path: holdpoint.verify(p))
         else:
             accepted += 1
             try:
@@ -345,16 +346,34 @@ def check_verify_inspect(report, tmp):
     report.check(holdpoint.verify(path, sidecar=True)["digest_checked"], "verify with the sidecar")
     info = holdpoint.inspect(path)
     tensor = info["tree"]["w"]
-    report.check(isinstance(tensor, holdpoint.TensorInfo) and tensor["shape"] == [2, 3] and tensor["dtype"] == "float32",
+    report.check(isinstance(tensor, holdpoint.TensorInfo) and tensor["shape"] == [2, 3]
+                 and tensor["dtype"] == "float32",
                  f"inspect tree {info['tree']}")
     report.check(any(r["name"] == "data.pkl" for r in info["records"]), "inspect records")
     with open(path + ".sha256", "w") as f:
         f.write("0" * 64 + "  v.pt\n")
-    expect_error(report, "verify against a wrong sidecar", "sha256_mismatch", lambda: holdpoint.verify(path, sidecar=True))
+    expect_error(report, "verify against a wrong sidecar", "sha256_mismatch",
+                 lambda: holdpoint.verify(path, sidecar=True))
     expect_error(report, "verify with both digests", "invalid_argument",
                  lambda: holdpoint.verify(path, sidecar=True, expected_sha256="0" * 64))
-    expect_error(report, "verify of text", "unknown_format",
-                 lambda: (open(os.path.join(tmp, "t.pt"), "w").write("hello"), holdpoint.verify(os.path.join(tmp, "t.pt"))))
+    text_path = os.path.join(tmp, "t.pt")
+    with open(text_path, "w") as f:
+        f.write("hello")
+    expect_error(report, "verify of text", "unknown_format", lambda: holdpoint.verify(text_path))
+
+    # Without torch (blocked in a child): NumPy arrays by default, a clear refusal for tensors="torch".
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import numpy, holdpoint\n"
+            f"r = holdpoint.load({path!r})\n"
+            "assert isinstance(r['w'], numpy.ndarray) and r['w'].shape == (2, 3), r\n"
+            "try:\n"
+            f"    holdpoint.load({path!r}, tensors='torch')\n"
+            "except holdpoint.Error as e:\n"
+            "    print(e.code)\n")
+    env_no_torch = dict(os.environ, PYTHONPATH=os.path.join(harness.BUILD_DIR, "python"))
+    no_torch = subprocess.run([sys.executable, "-c", code], env=env_no_torch, capture_output=True, text=True)
+    report.check(no_torch.returncode == 0 and no_torch.stdout.strip() == "invalid_argument",
+                 f"without torch: {no_torch.stdout} {no_torch.stderr[-300:]}")
 
     # python -m holdpoint mirrors the CLI's exit codes.
     env = dict(os.environ, PYTHONPATH=os.path.join(harness.BUILD_DIR, "python"))
@@ -365,8 +384,10 @@ def check_verify_inspect(report, tmp):
     report.check(bad.returncode == 1 and "sha256_mismatch" in bad.stdout, f"python -m holdpoint verify bad: {bad}")
     missing = subprocess.run([sys.executable, "-m", "holdpoint", "inspect", os.path.join(tmp, "none.pt")], env=env,
                              capture_output=True, text=True)
-    report.check(missing.returncode == 2 and "io_open_failed" in missing.stdout, f"inspect of a missing file: {missing}")
-    shown = subprocess.run([sys.executable, "-m", "holdpoint", "inspect", path], env=env, capture_output=True, text=True)
+    report.check(missing.returncode == 2 and "io_open_failed" in missing.stdout,
+                 f"inspect of a missing file: {missing}")
+    shown = subprocess.run([sys.executable, "-m", "holdpoint", "inspect", path], env=env, capture_output=True,
+                           text=True)
     report.check(shown.returncode == 0 and "Tensor float32 [2, 3]" in shown.stdout, f"inspect output: {shown.stdout}")
 
 
