@@ -30,6 +30,7 @@ __all__ = [
     "load",
     "load_model_state",
     "load_with_info",
+    "restore_rng_states",
     "save",
     "verify",
 ]
@@ -110,6 +111,60 @@ def load_model_state(path: PathLike, *, expected_sha256: Optional[str] = None, l
     shown = ", ".join(str(k) for k in list(root)[:12]) if isinstance(root, dict) else type(root).__name__
     raise Error(f"{_path(path)}: no model state dict under {', '.join(candidates)} (the file holds {shown})",
                 "legacy_layout_unrecognized", _path(path))
+
+
+# Where frameworks keep each generator's state in their RNG files.
+_RNG_LAYOUTS = {
+    # Hugging Face Trainer rng_state.pth
+    "python": "python", "numpy": "numpy", "cpu": "torch", "cuda": "cuda",
+    # Accelerate random_states_<rank>.pkl
+    "random_state": "python", "numpy_random_seed": "numpy", "torch_manual_seed": "torch",
+    "torch_cuda_manual_seed": "cuda",
+}
+
+
+def restore_rng_states(states: Mapping[str, Any]) -> list[str]:
+    """Restores Python's ``random``, NumPy's global ``RandomState``, torch's CPU
+    generator and, where present and available, the CUDA generators, from an RNG
+    file's contents as :func:`load` returns them: a Hugging Face Trainer's
+    ``rng_state.pth`` or an Accelerate ``random_states_<rank>.pkl``. Returns
+    the generators restored ("python", "numpy", "torch", "cuda"). Raises
+    :class:`Error` (``invalid_argument``) when ``states`` holds none of them,
+    before changing any generator."""
+    found = {kind: states[key] for key, kind in _RNG_LAYOUTS.items() if isinstance(states, Mapping) and key in states}
+    if not found:
+        shown = ", ".join(map(str, list(states)[:12])) if isinstance(states, Mapping) else type(states).__name__
+        raise Error(f"no RNG state found (keys: {shown})", "invalid_argument")
+    restored = []
+    if "python" in found:
+        import random
+
+        state = found["python"]
+        random.setstate((state[0], tuple(state[1]), state[2]))
+        restored.append("python")
+    if "numpy" in found:
+        import numpy
+
+        numpy.random.set_state(found["numpy"])
+        restored.append("numpy")
+    if "torch" in found or "cuda" in found:
+        import torch
+
+        if "torch" in found:
+            torch.random.set_rng_state(_as_byte_tensor(torch, found["torch"]))
+            restored.append("torch")
+        if "cuda" in found and torch.cuda.is_available():
+            cuda = found["cuda"]
+            if isinstance(cuda, (list, tuple)):
+                torch.cuda.random.set_rng_state_all([_as_byte_tensor(torch, s) for s in cuda])
+            else:
+                torch.cuda.random.set_rng_state(_as_byte_tensor(torch, cuda))
+            restored.append("cuda")
+    return restored
+
+
+def _as_byte_tensor(torch, state):
+    return state if isinstance(state, torch.Tensor) else torch.from_numpy(state)
 
 
 def save(path: PathLike, mapping: Any, *, sidecar: bool = True, durable: bool = True,

@@ -157,6 +157,10 @@ def check_transformers(report, tmp):
         np.random.set_state(rng["numpy"])
         torch.random.set_rng_state(rng["cpu"])
         report.check(draws() == want, "Trainer RNG: holdpoint's restore draws differently from the Trainer's")
+        scramble()
+        restored = holdpoint.restore_rng_states(rng)
+        report.check(restored == ["python", "numpy", "torch"] and draws() == want,
+                     f"Trainer RNG through holdpoint.restore_rng_states ({restored}) draws differently")
     refused(report, "Trainer training_args.bin", os.path.join(ckpt, "training_args.bin"), "pickle_global_forbidden")
 
 
@@ -200,6 +204,19 @@ def check_accelerate(report, tmp):
         np.random.set_state(states["numpy_random_seed"])
         torch.set_rng_state(states["torch_manual_seed"])
         report.check(draws() == want, "Accelerate RNG: holdpoint's restore draws differently from load_state's")
+        scramble()
+        restored = holdpoint.restore_rng_states(states)
+        report.check(restored == ["python", "numpy", "torch"] and draws() == want,
+                     f"Accelerate RNG through holdpoint.restore_rng_states ({restored}) draws differently")
+        scramble()
+        untouched = draws()
+        scramble()
+        try:
+            holdpoint.restore_rng_states({"step": 3})
+            report.check(False, "restore_rng_states accepted a mapping without RNG states")
+        except holdpoint.Error as error:
+            report.check(error.code == "invalid_argument" and draws() == untouched,
+                         f"restore_rng_states without states: {error.code}, or it changed a generator")
 
 
 # ---- Lightning ------------------------------------------------------------------------------
