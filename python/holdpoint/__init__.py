@@ -49,7 +49,10 @@ def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, lim
                    tensors: str = "auto") -> tuple[Any, dict]:
     """Like :func:`load`, and also returns what was checked: ``{"format", "sha256",
     "digest_checked", "bytes", "warnings"}``."""
-    return _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors))
+    root, info = _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors))
+    if info["format"] == "safetensors":
+        root = dict(root)  # as safetensors.torch.load_file returns it
+    return root, info
 
 
 def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,

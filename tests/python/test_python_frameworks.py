@@ -33,45 +33,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import harness  # noqa: E402
+import live_tree  # noqa: E402
 
 sys.path.insert(0, os.path.join(harness.BUILD_DIR, "python"))
 import holdpoint  # noqa: E402
-
-
-def equal_trees(got, want, path="root"):
-    """None when equal, else the first difference."""
-    if isinstance(want, torch.Tensor):
-        if not isinstance(got, torch.Tensor):
-            return f"{path}: {type(got).__name__}, expected a tensor"
-        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got.detach(), want.detach()):
-            return f"{path}: tensor {got.dtype} {tuple(got.shape)} differs from {want.dtype} {tuple(want.shape)}"
-        return None
-    if isinstance(want, np.ndarray):
-        if not isinstance(got, np.ndarray) or got.dtype != want.dtype or not np.array_equal(got, want):
-            return f"{path}: NumPy array differs ({type(got).__name__})"
-        return None
-    if isinstance(want, dict):
-        if not isinstance(got, dict) or list(got) != list(want):
-            return f"{path}: keys {list(got)[:6] if isinstance(got, dict) else type(got).__name__} != {list(want)[:6]}"
-        for key in want:
-            diff = equal_trees(got[key], want[key], f"{path}[{key!r}]")
-            if diff:
-                return diff
-        return None
-    if isinstance(want, (list, tuple)):
-        if type(got) is not type(want) or len(got) != len(want):
-            return f"{path}: {type(got).__name__} of {len(got) if hasattr(got, '__len__') else '?'} != " \
-                   f"{type(want).__name__} of {len(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
-            diff = equal_trees(g, w, f"{path}[{i}]")
-            if diff:
-                return diff
-        return None
-    if isinstance(want, float) and want != want:
-        return None if isinstance(got, float) and got != got else f"{path}: NaN lost"
-    if got != want or type(got) is not type(want):
-        return f"{path}: {got!r:.60} ({type(got).__name__}) != {want!r:.60} ({type(want).__name__})"
-    return None
 
 
 def check_file(report, label, path, trusted):
@@ -80,7 +45,7 @@ def check_file(report, label, path, trusted):
     except holdpoint.Error as error:
         report.check(False, f"{label}: holdpoint refused it: {error.code}: {error}")
         return None
-    diff = equal_trees(got, trusted)
+    diff = live_tree.first_difference(got, trusted)
     report.check(diff is None, f"{label}: differs from the framework's own load: {diff}")
     report.check(holdpoint.verify(path)["valid"], f"{label}: verify")
     return got
@@ -99,6 +64,22 @@ def scramble():
     random.seed(12345)
     np.random.seed(12345)
     torch.manual_seed(12345)
+
+
+def check_rng_restore(report, label, states, keys, want):
+    """Restored from holdpoint's result by hand (under the framework's `keys` for Python,
+    NumPy and torch) and by restore_rng_states, the generators draw `want`, what they drew
+    after the framework's own resume."""
+    python_key, numpy_key, torch_key = keys
+    scramble()
+    random.setstate(states[python_key])
+    np.random.set_state(states[numpy_key])
+    torch.random.set_rng_state(states[torch_key])
+    report.check(draws() == want, f"{label} RNG: holdpoint's restore draws differently from the framework's")
+    scramble()
+    restored = holdpoint.restore_rng_states(states)
+    report.check(restored == ["python", "numpy", "torch"] and draws() == want,
+                 f"{label} RNG through holdpoint.restore_rng_states ({restored}) draws differently")
 
 
 def refused(report, label, path, code):
@@ -152,15 +133,7 @@ def check_transformers(report, tmp):
     trainer._load_rng_state(ckpt)
     want = draws()
     if rng is not None:
-        scramble()
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.random.set_rng_state(rng["cpu"])
-        report.check(draws() == want, "Trainer RNG: holdpoint's restore draws differently from the Trainer's")
-        scramble()
-        restored = holdpoint.restore_rng_states(rng)
-        report.check(restored == ["python", "numpy", "torch"] and draws() == want,
-                     f"Trainer RNG through holdpoint.restore_rng_states ({restored}) draws differently")
+        check_rng_restore(report, "Trainer", rng, ("python", "numpy", "cpu"), want)
     refused(report, "Trainer training_args.bin", os.path.join(ckpt, "training_args.bin"), "pickle_global_forbidden")
 
 
@@ -199,15 +172,8 @@ def check_accelerate(report, tmp):
     accelerator.load_state(out)
     want = draws()
     if states is not None:
-        scramble()
-        random.setstate(states["random_state"])
-        np.random.set_state(states["numpy_random_seed"])
-        torch.set_rng_state(states["torch_manual_seed"])
-        report.check(draws() == want, "Accelerate RNG: holdpoint's restore draws differently from load_state's")
-        scramble()
-        restored = holdpoint.restore_rng_states(states)
-        report.check(restored == ["python", "numpy", "torch"] and draws() == want,
-                     f"Accelerate RNG through holdpoint.restore_rng_states ({restored}) draws differently")
+        check_rng_restore(report, "Accelerate", states, ("random_state", "numpy_random_seed", "torch_manual_seed"),
+                          want)
         scramble()
         untouched = draws()
         scramble()

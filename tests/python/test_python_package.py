@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 import harness
+import live_tree
 
 sys.path.insert(0, os.path.join(harness.BUILD_DIR, "python"))
 import holdpoint  # noqa: E402
@@ -49,32 +50,9 @@ def expect_error(report, what, code, call):
     return report.check(False, f"{what}: no error, expected {code}")
 
 
-def same_tensor(a, b):
-    return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            and a.requires_grad == b.requires_grad and torch.equal(a.detach(), b.detach()))
-
-
-def compare_trees(report, what, got, want, path="root"):
-    if isinstance(want, torch.Tensor):
-        report.check(isinstance(got, torch.Tensor) and same_tensor(got, want),
-                     f"{what}: {path}: {got!r:.80} != {want!r:.80}")
-        return
-    report.check(type(got) is type(want), f"{what}: {path}: type {type(got).__name__} != {type(want).__name__}")
-    if isinstance(want, dict):
-        report.check(list(got) == list(want), f"{what}: {path}: keys {list(got)[:5]} != {list(want)[:5]}")
-        for key in want:
-            if key in got:
-                compare_trees(report, what, got[key], want[key], f"{path}[{key!r}]")
-        if hasattr(want, "_metadata"):
-            report.check(getattr(got, "_metadata", None) == want._metadata, f"{what}: {path}: _metadata differs")
-    elif isinstance(want, (list, tuple)):
-        report.check(len(got) == len(want), f"{what}: {path}: length {len(got)} != {len(want)}")
-        for i, (g, w) in enumerate(zip(got, want)):
-            compare_trees(report, what, g, w, f"{path}[{i}]")
-    elif isinstance(want, float) and want != want:
-        report.check(got != got, f"{what}: {path}: NaN lost")
-    else:
-        report.check(got == want, f"{what}: {path}: {got!r:.80} != {want!r:.80}")
+def compare_trees(report, what, got, want):
+    diff = live_tree.first_difference(got, want)
+    report.check(diff is None, f"{what}: {diff}")
 
 
 def training_checkpoint():

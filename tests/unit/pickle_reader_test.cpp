@@ -484,13 +484,18 @@ void numpy_dtype(PickleBuilder& p, std::string_view code, std::string_view order
 
 void binbytes(PickleBuilder& p, std::string_view data) { p.op(op::BINBYTES).le(data.size(), 4).raw(data); }
 
-// _reconstruct(numpy.ndarray, (0,), b'b') BUILD (1, shape, dtype, fortran, data)
-void numpy_array(PickleBuilder& p, std::initializer_list<std::int64_t> shape, std::string_view code,
-                 std::string_view data, bool fortran = false, std::string_view order = "<",
-                 std::string_view module = "numpy._core.multiarray") {
+// _reconstruct(numpy.ndarray, (0,), b'b'): the empty array a BUILD fills.
+void reconstruct(PickleBuilder& p, std::string_view module = "numpy._core.multiarray") {
   p.global(module, "_reconstruct").global("numpy", "ndarray").int_tuple({0});
   binbytes(p, "b");
   p.tuple3().reduce();
+}
+
+// _reconstruct(...) BUILD (1, shape, dtype, fortran, data)
+void numpy_array(PickleBuilder& p, std::initializer_list<std::int64_t> shape, std::string_view code,
+                 std::string_view data, bool fortran = false, std::string_view order = "<",
+                 std::string_view module = "numpy._core.multiarray") {
+  reconstruct(p, module);
   p.mark().integer(1).int_tuple(shape);
   numpy_dtype(p, code, order);
   p.boolean(fortran);
@@ -569,9 +574,8 @@ TEST(PickleReaderNumpy, ASharedDtypeSeesItsBuild) {
   // The dtype is memoized after its BUILD and fetched again for a second array.
   PickleBuilder p;
   p.proto(3).mark();
-  p.global("numpy._core.multiarray", "_reconstruct").global("numpy", "ndarray").int_tuple({0});
-  binbytes(p, "b");
-  p.tuple3().reduce().mark().integer(1).int_tuple({1});
+  reconstruct(p);
+  p.mark().integer(1).int_tuple({1});
   numpy_dtype(p, "i2", ">");
   p.binput(0).boolean(false);
   binbytes(p, std::string("\x00\x05", 2));
@@ -647,9 +651,9 @@ TEST(PickleReaderNumpy, RefusesArraysWhoseShapeAndDataDisagree) {
   EXPECT_ERROR_CODE(read(negative), ErrorCode::numpy_array_invalid);
   // Object arrays pickle their elements as a list.
   PickleBuilder list_data;
-  list_data.proto(3).global("numpy._core.multiarray", "_reconstruct").global("numpy", "ndarray").int_tuple({0});
-  binbytes(list_data, "b");
-  list_data.tuple3().reduce().mark().integer(1).int_tuple({1});
+  list_data.proto(3);
+  reconstruct(list_data);
+  list_data.mark().integer(1).int_tuple({1});
   numpy_dtype(list_data, "f8");
   list_data.boolean(false).empty_list().integer(1).append().tuple().build().stop();
   EXPECT_ERROR_CODE(read(list_data), ErrorCode::numpy_array_invalid);
@@ -685,9 +689,9 @@ TEST(PickleReaderNumpy, RefusesMisshapenCallsAndStates) {
   byte_order.stop();
   EXPECT_ERROR_CODE(read(byte_order), ErrorCode::pickle_call_args_invalid);
   PickleBuilder array_version;  // array state version 2
-  array_version.proto(3).global("numpy._core.multiarray", "_reconstruct").global("numpy", "ndarray").int_tuple({0});
-  binbytes(array_version, "b");
-  array_version.tuple3().reduce().mark().integer(2).int_tuple({1});
+  array_version.proto(3);
+  reconstruct(array_version);
+  array_version.mark().integer(2).int_tuple({1});
   numpy_dtype(array_version, "u1");
   array_version.boolean(false);
   binbytes(array_version, "x");
@@ -704,15 +708,15 @@ TEST(PickleReaderNumpy, RefusesMisshapenCallsAndStates) {
 TEST(PickleReaderNumpy, AnArrayIsFilledOnceAndNeverSharedBeforeThat) {
   // Left without its BUILD, the array is no value.
   PickleBuilder unbuilt;
-  unbuilt.proto(3).global("numpy._core.multiarray", "_reconstruct").global("numpy", "ndarray").int_tuple({0});
-  binbytes(unbuilt, "b");
-  unbuilt.tuple3().reduce().tuple1().stop();
+  unbuilt.proto(3);
+  reconstruct(unbuilt);
+  unbuilt.tuple1().stop();
   EXPECT_ERROR_CODE(read(unbuilt), ErrorCode::pickle_type_invalid);
   // Fetched from the memo before its BUILD: an alias of a mutable object.
   PickleBuilder shared;
-  shared.proto(3).global("numpy._core.multiarray", "_reconstruct").global("numpy", "ndarray").int_tuple({0});
-  binbytes(shared, "b");
-  shared.tuple3().reduce().binput(0).binget(0).stop();
+  shared.proto(3);
+  reconstruct(shared);
+  shared.binput(0).binget(0).stop();
   EXPECT_ERROR_CODE(read(shared), ErrorCode::pickle_memo_mutable);
   // A second BUILD finds a tensor, not an array awaiting its state.
   PickleBuilder twice;
