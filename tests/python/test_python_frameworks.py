@@ -51,6 +51,18 @@ def check_file(report, label, path, trusted):
     return got
 
 
+def check_framework_files(report, label, folder, safetensors_name, pickled_names):
+    """check_file for a framework's output folder: the safetensors model against
+    safetensors' own load, each pickled file against torch's trusted load. Returns
+    holdpoint's results of the pickled files, by name."""
+    from safetensors.torch import load_file
+
+    model = os.path.join(folder, safetensors_name)
+    check_file(report, f"{label} {safetensors_name}", model, load_file(model))
+    return {name: check_file(report, f"{label} {name}", os.path.join(folder, name),
+                             trusted_load(os.path.join(folder, name))) for name in pickled_names}
+
+
 def trusted_load(path):
     # The test wrote this file a moment ago: the trusted path is legitimate here.
     return torch.load(path, weights_only=False)
@@ -94,7 +106,6 @@ def refused(report, label, path, code):
 # ---- Hugging Face transformers --------------------------------------------------------------
 
 def check_transformers(report, tmp):
-    from safetensors.torch import load_file
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     class Tokens(torch.utils.data.Dataset):
@@ -117,17 +128,14 @@ def check_transformers(report, tmp):
     report.check({"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"}
                  <= set(files), f"Trainer checkpoint files: {files}")
 
-    check_file(report, "Trainer model.safetensors", os.path.join(ckpt, "model.safetensors"),
-               load_file(os.path.join(ckpt, "model.safetensors")))
+    loaded = check_framework_files(report, "Trainer", ckpt, "model.safetensors",
+                                   ("optimizer.pt", "scheduler.pt", "rng_state.pth"))
     state = holdpoint.load_model_state(os.path.join(ckpt, "model.safetensors"))
     fresh = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=8, n_layer=1, n_head=2))
     missing, unexpected = fresh.load_state_dict(state, strict=False)
     report.check(not unexpected and all("lm_head" in k for k in missing),
                  f"Trainer model into a fresh model: missing {missing}, unexpected {unexpected}")
-    for name in ("optimizer.pt", "scheduler.pt"):
-        check_file(report, f"Trainer {name}", os.path.join(ckpt, name), trusted_load(os.path.join(ckpt, name)))
-    rng_path = os.path.join(ckpt, "rng_state.pth")
-    rng = check_file(report, "Trainer rng_state.pth", rng_path, trusted_load(rng_path))
+    rng = loaded["rng_state.pth"]
     # The framework's own resume of the generators, then holdpoint's.
     scramble()
     trainer._load_rng_state(ckpt)
@@ -142,7 +150,6 @@ def check_transformers(report, tmp):
 def check_accelerate(report, tmp):
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from safetensors.torch import load_file
 
     set_seed(1)
     accelerator = Accelerator(cpu=True)
@@ -162,12 +169,8 @@ def check_accelerate(report, tmp):
     files = sorted(os.listdir(out))
     report.check({"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"} <= set(files),
                  f"Accelerate files: {files}")
-    check_file(report, "Accelerate model.safetensors", os.path.join(out, "model.safetensors"),
-               load_file(os.path.join(out, "model.safetensors")))
-    for name in ("optimizer.bin", "scheduler.bin"):
-        check_file(report, f"Accelerate {name}", os.path.join(out, name), trusted_load(os.path.join(out, name)))
-    states_path = os.path.join(out, "random_states_0.pkl")
-    states = check_file(report, "Accelerate random_states_0.pkl", states_path, trusted_load(states_path))
+    states = check_framework_files(report, "Accelerate", out, "model.safetensors",
+                                   ("optimizer.bin", "scheduler.bin", "random_states_0.pkl"))["random_states_0.pkl"]
     scramble()
     accelerator.load_state(out)
     want = draws()

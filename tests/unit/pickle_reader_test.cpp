@@ -503,6 +503,16 @@ void numpy_array(PickleBuilder& p, std::initializer_list<std::int64_t> shape, st
   p.tuple().build();
 }
 
+// multiarray.scalar(dtype(code), data), alone in a pickle.
+PickleBuilder numpy_scalar(std::string_view code, std::string_view data, std::string_view order = "<") {
+  PickleBuilder p;
+  p.proto(3).global("numpy._core.multiarray", "scalar");
+  numpy_dtype(p, code, order);
+  binbytes(p, data);
+  p.tuple2().reduce().stop();
+  return p;
+}
+
 std::string le_bytes(std::initializer_list<std::uint32_t> values) {
   std::string out;
   for (std::uint32_t v : values) {
@@ -554,12 +564,7 @@ TEST(PickleReaderNumpy, SwapsBigEndianArraysAndKeepsFortranOrder) {
 
 TEST(PickleReaderNumpy, ReadsScalarsAsPlainValues) {
   const auto scalar = [](std::string_view code, std::string_view data, std::string_view order = "<") {
-    PickleBuilder p;
-    p.proto(3).global("numpy._core.multiarray", "scalar");
-    numpy_dtype(p, code, order);
-    binbytes(p, data);
-    p.tuple2().reduce().stop();
-    return read_value(p);
+    return read_value(numpy_scalar(code, data, order));
   };
   const float f = 1.5f;
   EXPECT_DOUBLE_EQ(scalar("f4", std::string_view(reinterpret_cast<const char*>(&f), 4)).as_double(), 1.5);
@@ -616,12 +621,7 @@ TEST(PickleReaderNumpy, RefusesDtypesThatAreNotPlainNumbers) {
     numpy_array(array, {1}, code, "12345678");
     array.stop();
     EXPECT_ERROR_CODE(read(array), ErrorCode::numpy_dtype_unsupported);
-    PickleBuilder scalar;
-    scalar.proto(3).global("numpy._core.multiarray", "scalar");
-    numpy_dtype(scalar, code);
-    binbytes(scalar, "12345678");
-    scalar.tuple2().reduce().stop();
-    EXPECT_ERROR_CODE(read(scalar), ErrorCode::numpy_dtype_unsupported);
+    EXPECT_ERROR_CODE(read(numpy_scalar(code, "12345678")), ErrorCode::numpy_dtype_unsupported);
   }
   // A structured dtype: names and fields in the state.
   PickleBuilder structured;
@@ -630,12 +630,7 @@ TEST(PickleReaderNumpy, RefusesDtypesThatAreNotPlainNumbers) {
   structured.tuple().build().stop();
   EXPECT_ERROR_CODE(read(structured), ErrorCode::numpy_dtype_unsupported);
   // Complex scalars have no plain value.
-  PickleBuilder complex_scalar;
-  complex_scalar.proto(3).global("numpy._core.multiarray", "scalar");
-  numpy_dtype(complex_scalar, "c8");
-  binbytes(complex_scalar, "12345678");
-  complex_scalar.tuple2().reduce().stop();
-  EXPECT_ERROR_CODE(read(complex_scalar), ErrorCode::numpy_dtype_unsupported);
+  EXPECT_ERROR_CODE(read(numpy_scalar("c8", "12345678")), ErrorCode::numpy_dtype_unsupported);
 }
 
 TEST(PickleReaderNumpy, RefusesArraysWhoseShapeAndDataDisagree) {
@@ -657,12 +652,7 @@ TEST(PickleReaderNumpy, RefusesArraysWhoseShapeAndDataDisagree) {
   numpy_dtype(list_data, "f8");
   list_data.boolean(false).empty_list().integer(1).append().tuple().build().stop();
   EXPECT_ERROR_CODE(read(list_data), ErrorCode::numpy_array_invalid);
-  PickleBuilder scalar;
-  scalar.proto(3).global("numpy._core.multiarray", "scalar");
-  numpy_dtype(scalar, "f8");
-  binbytes(scalar, "1234");
-  scalar.tuple2().reduce().stop();
-  EXPECT_ERROR_CODE(read(scalar), ErrorCode::numpy_array_invalid);
+  EXPECT_ERROR_CODE(read(numpy_scalar("f8", "1234")), ErrorCode::numpy_array_invalid);
 }
 
 TEST(PickleReaderNumpy, RefusesMisshapenCallsAndStates) {
@@ -697,12 +687,7 @@ TEST(PickleReaderNumpy, RefusesMisshapenCallsAndStates) {
   binbytes(array_version, "x");
   array_version.tuple().build().stop();
   EXPECT_ERROR_CODE(read(array_version), ErrorCode::pickle_call_args_invalid);
-  PickleBuilder unsigned_overflow;
-  unsigned_overflow.proto(3).global("numpy._core.multiarray", "scalar");
-  numpy_dtype(unsigned_overflow, "u8");
-  binbytes(unsigned_overflow, std::string(8, '\xff'));
-  unsigned_overflow.tuple2().reduce().stop();
-  EXPECT_ERROR_CODE(read(unsigned_overflow), ErrorCode::pickle_int_invalid);
+  EXPECT_ERROR_CODE(read(numpy_scalar("u8", std::string(8, '\xff'))), ErrorCode::pickle_int_invalid);
 }
 
 TEST(PickleReaderNumpy, AnArrayIsFilledOnceAndNeverSharedBeforeThat) {
