@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -317,6 +318,49 @@ def check_lifetime(report, tmp):
     report.check(rss_bytes() - before < file_bytes * 0.2, "NumPy views did not release the snapshot")
 
 
+def check_overwritten_while_loading(report, tmp):
+    """Bytes changed on disk while a load with an expected digest reads the file: the
+    load either returns exactly the saved values (the change came after its read) or
+    refuses; it never returns the changed bytes."""
+    import random as rnd
+    import threading
+
+    path = os.path.join(tmp, "racing.pt")
+    torch.save({f"w{i}": torch.full((1 << 18,), float(i)) for i in range(64)}, path)
+    digest = sha256_of(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        original = f.read()
+    outcomes = {"returned": 0, "refused": 0}
+    rng = rnd.Random(5)
+    for _ in range(8):
+        offset = rng.randrange(size // 8, size - 8192)
+        delay = rng.uniform(0, 0.1)
+
+        def overwrite(offset=offset, delay=delay):
+            time.sleep(delay)
+            with open(path, "r+b") as f:
+                f.seek(offset)
+                f.write(b"\xa5" * 4096)
+
+        writer = threading.Thread(target=overwrite)
+        writer.start()
+        try:
+            loaded = holdpoint.load(path, expected_sha256=digest)
+            outcomes["returned"] += 1
+            report.check(all(bool((loaded[f"w{i}"] == float(i)).all()) for i in range(64)),
+                         "a load returned bytes changed on disk while it read them")
+        except holdpoint.Error as error:
+            outcomes["refused"] += 1
+            report.check(error.code in ("sha256_mismatch", "zip_crc_mismatch"),
+                         f"an overwritten file was refused with {error.code}")
+        writer.join()
+        with open(path, "wb") as f:
+            f.write(original)
+    report.check(sum(outcomes.values()) == 8, f"overwrite outcomes {outcomes}")
+    print(f"  overwritten while loading: {outcomes}")
+
+
 def check_verify_inspect(report, tmp):
     path = os.path.join(tmp, "v.pt")
     holdpoint.save(path, {"w": torch.ones(2, 3), "step": 4})
@@ -438,6 +482,7 @@ def main():
         check_save(report, tmp)
         check_corpus(report)
         check_lifetime(report, tmp)
+        check_overwritten_while_loading(report, tmp)
         check_verify_inspect(report, tmp)
         check_load_model_state(report, tmp)
         check_run_directory(report, tmp)
