@@ -59,15 +59,22 @@ class TensorFactory:
         # "auto": torch when it is installed, NumPy otherwise.
         self.torch = _torch_module(required=tensors == "torch") if tensors != "numpy" else None
         self.bases: dict[tuple[int, str], Any] = {}
+        self.dtypes: dict[str, Any] = {}
+
+    def _torch_dtype(self, name: str):
+        torch: Any = self.torch
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise Error(f"this torch {torch.__version__} has no dtype {name}", "dtype_unsupported")
+        self.dtypes[name] = dtype
+        return dtype
 
     def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):
         torch = self.torch
         if torch is None or from_numpy:
             # What NumPy pickled comes back as NumPy, as the framework's own load gives it.
             return _numpy_array(buffer, dtype, shape, stride, offset)
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype):
-            raise Error(f"this torch {torch.__version__} has no dtype {dtype}", "dtype_unsupported")
+        torch_dtype = self.dtypes.get(dtype) or self._torch_dtype(dtype)
         if buffer is None or len(buffer) == 0:
             tensor = torch.empty(shape, dtype=torch_dtype)
         else:
@@ -76,6 +83,11 @@ class TensorFactory:
             if base is None:
                 base = torch.frombuffer(buffer, dtype=torch_dtype)
                 self.bases[key] = base
+                # The commonest case, a 1-d tensor over its whole storage, is the
+                # storage's tensor itself: no view, as torch.load gives it.
+                if (offset == 0 and len(shape) == 1 and shape[0] == base.shape[0] and stride == (1,)
+                        and not requires_grad and not is_parameter):
+                    return base
             tensor = base.as_strided(shape, stride, offset)
         if is_parameter:
             return torch.nn.Parameter(tensor, requires_grad=requires_grad)

@@ -93,6 +93,8 @@ def check_load_matches_torch(report, tmp):
     report.check(got["model"]["2.weight"].untyped_storage().data_ptr()
                  == got["model"]["0.weight"].untyped_storage().data_ptr(), "a view lost its shared storage")
     report.check(isinstance(got["param"], torch.nn.Parameter) and got["param"].requires_grad, "Parameter lost")
+    report.check(not got["model"]["0.bias"]._is_view() and got["transposed"].untyped_storage().nbytes() == 48,
+                 "a tensor over its whole storage is a view, or a view lost its storage")
     report.check(type(got["model"]) is collections.OrderedDict, "state dict is not an OrderedDict")
 
     # The digest, checked first.
