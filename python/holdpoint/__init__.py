@@ -20,9 +20,15 @@ from typing import Any, Mapping, Optional, Union, cast
 from ._errors import Error
 from . import _native
 from ._convert import TensorFactory, TensorInfo, describe_tensor, tensor_parts
+from ._training import Generators, Progress, RandomSampler, SequentialSampler, TrainingState, plain_spec
 
 __all__ = [
     "Error",
+    "Generators",
+    "Progress",
+    "RandomSampler",
+    "SequentialSampler",
+    "TrainingState",
     "RunDirectory",
     "TensorInfo",
     "error_codes",
@@ -262,7 +268,8 @@ class RunDirectory:
         the index and LATEST (and BEST when ``metrics`` say so). The file is a
         holdpoint checkpoint: its manifest records each component's digest, so a
         load checks each one, and the C++ library and CLI read it like their own."""
-        return self._run.commit(components, step, epoch, kind, dict(metrics or {}), semantic_identity, tensor_parts)
+        return self._run.commit(components, step, epoch, kind, dict(metrics or {}), plain_spec(semantic_identity),
+                                tensor_parts)
 
     def __repr__(self) -> str:
         return f"RunDirectory({self.path!r})"

@@ -7,11 +7,12 @@ import json
 import sys
 
 from . import Error, _native, inspect, verify
+from ._convert import TensorInfo
 
 
 def _print_tree(node, label: str, depth: int, out) -> None:
     pad = "  " * depth
-    if isinstance(node, dict) and "dtype" in node and "shape" in node and type(node).__name__ == "TensorInfo":
+    if isinstance(node, TensorInfo):
         extra = " (NumPy array)" if node.get("numpy") else ""
         out.write(f"{pad}{label}Tensor {node['dtype']} {list(node['shape'])}{extra}\n")
     elif isinstance(node, dict):

@@ -33,9 +33,13 @@
 #include "holdpoint_version.h"
 
 #include "holdpoint/schema/manifest.h"
+#include "holdpoint/schema/resume_profile.h"
 
 #include "format/pt_writer.h"
-#include "schema/written_storage_digests.h"
+#include "format/publish_file.h"
+#include "schema/checkpoint_bytes.h"
+#include "schema/component_writer.h"
+#include "schema/resume_checks.h"
 
 namespace py = pybind11;
 
@@ -393,6 +397,177 @@ py::dict save(const std::filesystem::path& path, const py::handle& root, bool si
   return out;
 }
 
+// ---- training states -------------------------------------------------------------------------
+
+// What holdpoint.TrainingState (holdpoint/_training.py) says about the run, as
+// a dict: semantic_identity, profile, load_bearing, operational, code_identity,
+// data_identity, torch_version, facts (the ProfileFacts the profiles check)
+// and last_resume_drift.
+struct RunSpec {
+  std::string semantic_identity;
+  ResumeProfile profile = ResumeProfile::unqualified;
+  TrainingConfig config;  // effective: semantic identity and profile included
+  std::string code_identity;
+  std::string data_identity;
+  std::string torch_version;
+  ProfileFacts facts;
+  std::optional<ResumeDrift> last_resume_drift;
+};
+
+template <typename T>
+T spec_field(const py::dict& spec, const char* key) {
+  if (!spec.contains(key)) fail_argument(std::string("training state spec: no '") + key + "'");
+  try {
+    return spec[key].cast<T>();
+  } catch (const py::cast_error&) {
+    fail_argument(std::string("training state spec: '") + key + "' has the wrong type");
+  }
+}
+
+RunSpec run_spec(const py::dict& spec, FromPython& from_python) {
+  RunSpec out;
+  out.semantic_identity = spec_field<std::string>(spec, "semantic_identity");
+  const auto profile_name = spec_field<std::string>(spec, "profile");
+  const auto profile = resume_profile_from_name(profile_name);
+  if (!profile) throw Error(ErrorCode::profile_unknown, "resume profile '" + profile_name + "' is not known");
+  out.profile = *profile;
+  TrainingConfig config;
+  for (const auto& [key, value] : spec_field<py::dict>(spec, "load_bearing")) {
+    config.load_bearing(py::str(key), from_python.convert(value));
+  }
+  for (const auto& [key, value] : spec_field<py::dict>(spec, "operational")) {
+    config.operational(py::str(key), from_python.convert(value));
+  }
+  out.config = schema::effective_config(config, out.semantic_identity, out.profile);
+  out.code_identity = spec_field<std::string>(spec, "code_identity");
+  out.data_identity = spec_field<std::string>(spec, "data_identity");
+  out.torch_version = spec_field<std::string>(spec, "torch_version");
+  const auto facts = spec_field<py::dict>(spec, "facts");
+  const auto fact = [&](const char* key, auto fallback) {
+    return facts.contains(key) ? facts[key].cast<decltype(fallback)>() : fallback;
+  };
+  out.facts.model_on_cpu = fact("model_on_cpu", true);
+  out.facts.loader_workers = fact("loader_workers", 0);
+  out.facts.distributed = fact("distributed", false);
+  out.facts.external_randomness = fact("external_randomness", false);
+  out.facts.cpu_generator_registered = fact("cpu_generator_registered", false);
+  out.facts.sampler_kind = fact("sampler_kind", std::string());
+  out.facts.sampler_generator_registered = fact("sampler_generator_registered", false);
+  if (spec.contains("last_resume_drift") && !spec["last_resume_drift"].is_none()) {
+    const auto drift = spec["last_resume_drift"].cast<py::dict>();
+    out.last_resume_drift = ResumeDrift{drift["field"].cast<std::string>(), drift["from"].cast<std::int64_t>(),
+                                        drift["to"].cast<std::int64_t>(), drift["at_step"].cast<std::int64_t>()};
+  }
+  return out;
+}
+
+// The manifest a save under `spec` writes (component records are filled in
+// by schema::write_components). The profile is a claim: its preconditions
+// must hold before it is written down.
+Manifest manifest_of(const RunSpec& spec) {
+  check_profile(spec.profile, spec.facts);
+  Manifest manifest;
+  manifest.kind = CheckpointKind::resume;
+  manifest.semantic_identity = spec.semantic_identity;
+  manifest.profile = std::string(resume_profile_name(spec.profile));
+  manifest.config = spec.config;
+  manifest.holdpoint_version = HOLDPOINT_VERSION;
+  manifest.libtorch_version = spec.torch_version;
+  manifest.compiler = __VERSION__;
+  manifest.code_identity = spec.code_identity;
+  manifest.data_identity = spec.data_identity;
+  manifest.last_resume_drift = spec.last_resume_drift;
+  return manifest;
+}
+
+schema::NamedComponents named_components(const Value& value, const char* what) {
+  if (!value.is_dict() || value.as_dict().empty()) {
+    fail_argument(std::string(what) + ": the components must be a non-empty dict (\"model\", \"optimizer\", ...)");
+  }
+  schema::NamedComponents components;
+  for (const auto& [key, state] : value.as_dict()) {
+    if (!key.is_string() || key.as_string() == kManifestKey) {
+      fail_argument(std::string(what) + ": component names are str, and '" + std::string(kManifestKey) +
+                    "' is the manifest's");
+    }
+    components.emplace_back(key.as_string(), state);
+  }
+  return components;
+}
+
+py::dict save_training_state(const std::filesystem::path& path, const py::handle& components, const py::dict& spec,
+                             bool sidecar, bool durable, const py::object& tensor_parts) {
+  FromPython from_python(tensor_parts);
+  const RunSpec run = run_spec(spec, from_python);
+  const schema::NamedComponents named = named_components(from_python.convert(components), "TrainingState.save");
+  const Manifest manifest = manifest_of(run);
+  SaveResult result;
+  {
+    py::gil_scoped_release released;
+    result = detail::publish_file(
+        path, {.durable = durable, .write_sidecar = sidecar},
+        [&](io::ByteSink& sink, SaveResult& counts) {
+          const auto written = schema::write_components(sink, manifest, named);
+          counts.tensor_count = written.tensor_count;
+          counts.storage_count = written.storage_count;
+        },
+        [](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+          schema::verify_checkpoint_bytes(bytes, owner);
+        });
+  }
+  py::dict out;
+  out["sha256"] = result.sha256.hex();
+  out["bytes"] = result.file_bytes;
+  out["tensors"] = result.tensor_count;
+  out["storages"] = result.storage_count;
+  return out;
+}
+
+// Reads a resume checkpoint for `spec`'s run and runs every check that needs
+// no live object (schema::check_resume_root); returns (components, report).
+py::tuple load_training_state(const std::filesystem::path& path, const py::object& expected_sha256,
+                              const py::object& limits, const py::dict& spec, const std::vector<std::string>& names,
+                              const py::object& make_tensor) {
+  // A run's configuration holds no tensors: the converter refuses any.
+  FromPython from_python(py::cpp_function([](const py::handle&) { return py::none(); }));
+  const RunSpec run = run_spec(spec, from_python);
+  const LoadOptions options = load_options(expected_sha256, limits);
+  LoadedMapping mapping;
+  schema::ResumeCheck check;
+  {
+    py::gil_scoped_release released;
+    mapping = load_checkpoint_mapping(path, options);
+    schema::ResumeExpectation expectation;
+    expectation.config = run.config;
+    expectation.components = names;
+    expectation.facts = run.facts;
+    expectation.digest_checked = mapping.digest_checked;
+    try {
+      check = schema::check_resume_root(mapping.root, expectation);
+    } catch (const Error& error) {
+      throw error.with_path(path.string());
+    }
+  }
+  ToPython to_python(make_tensor);
+  py::dict components;
+  for (const std::string& name : names) components[py::str(name)] = to_python.convert(mapping.root.as_dict().at(name));
+  py::dict report = mapping_info(mapping);
+  report["profile"] = check.manifest.profile;
+  report["step"] = schema::progress_step_of(mapping.root);
+  if (check.max_epochs_growth) {
+    py::dict drift;
+    drift["field"] = "max_epochs";
+    drift["from"] = check.max_epochs_growth->saved;
+    drift["to"] = check.max_epochs_growth->live;
+    drift["at_step"] = schema::progress_step_of(mapping.root);
+    report["drift"] = drift;
+  } else {
+    report["drift"] = py::none();
+  }
+  report["versions"] = py::make_tuple(check.manifest.holdpoint_version, check.manifest.libtorch_version);
+  return py::make_tuple(components, report);
+}
+
 // ---- run directories ------------------------------------------------------------------------
 
 py::dict generation_dict(const GenerationInfo& g) {
@@ -476,49 +651,20 @@ class PyRunDirectory {
   // mapping is a component, whose digest the manifest ("holdpoint") records,
   // as the C++ TrainingState writes it (docs/resume-contract.md).
   py::dict commit(const py::handle& root, std::int64_t step, std::int64_t epoch, const std::string& kind,
-                  const py::dict& metrics, const std::string& semantic_identity, const py::object& tensor_parts) {
-    GenerationSpec spec;
-    spec.step = step;
-    spec.epoch = epoch;
-    spec.kind = kind;
-    for (const auto& [name, value] : metrics) spec.metrics.emplace_back(py::str(name), value.cast<double>());
+                  const py::dict& metrics, const py::dict& spec, const py::object& tensor_parts) {
+    GenerationSpec generation;
+    generation.step = step;
+    generation.epoch = epoch;
+    generation.kind = kind;
+    for (const auto& [name, value] : metrics) generation.metrics.emplace_back(py::str(name), value.cast<double>());
     FromPython from_python(tensor_parts);
-    const Value value = from_python.convert(root);
-    if (!value.is_dict() || value.as_dict().empty()) {
-      fail_argument("commit: the mapping must be a non-empty dict of components (\"model\", \"optimizer\", ...)");
-    }
-    for (const auto& [key, state] : value.as_dict()) {
-      if (!key.is_string() || key.as_string() == kManifestKey) {
-        fail_argument("commit: component names are str, and '" + std::string(kManifestKey) + "' is the manifest's");
-      }
-    }
-    Manifest manifest;
-    manifest.kind = CheckpointKind::resume;
-    manifest.semantic_identity = semantic_identity;
-    manifest.config.load_bearing("semantic_identity", Value::string(semantic_identity));
-    manifest.config.load_bearing("profile", Value::string(manifest.profile));
-    manifest.holdpoint_version = HOLDPOINT_VERSION;
-    manifest.libtorch_version = "none (Python package)";
-    manifest.compiler = __VERSION__;
-    Dict provisional;
-    provisional.insert(std::string(kManifestKey), manifest.to_value());
-    for (const auto& [key, state] : value.as_dict()) provisional.insert(key, state);
-    const auto final_root = [&](const std::vector<format::WrittenStorage>& written) {
-      StorageDigests digests = schema::written_storage_digests(written);
-      Manifest complete = manifest;
-      for (const auto& [key, state] : value.as_dict()) {
-        complete.components.push_back({key.as_string(), component_digest(state, digests), Value()});
-      }
-      Dict body;
-      body.insert(std::string(kManifestKey), complete.to_value());
-      for (const auto& [key, state] : value.as_dict()) body.insert(key, state);
-      return Value::dict(std::move(body));
-    };
+    const Manifest manifest = manifest_of(run_spec(spec, from_python));
+    const schema::NamedComponents components = named_components(from_python.convert(root), "commit");
     CommitResult result;
     {
       py::gil_scoped_release released;
-      result = run_->commit(spec, [&](io::ByteSink& sink) {
-        format::write_pt_storages_first(sink, Value::dict(provisional), final_root, {});
+      result = run_->commit(generation, [&](io::ByteSink& sink) {
+        schema::write_components(sink, manifest, components);
       });
     }
     py::dict out = generation_dict(result.generation);
@@ -570,6 +716,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("verify", &verify, py::arg("path"), py::arg("expected_sha256"), py::arg("sidecar"), py::arg("limits"));
   m.def("save", &save, py::arg("path"), py::arg("root"), py::arg("sidecar"), py::arg("durable"),
         py::arg("torch_1_13_compatible"), py::arg("tensor_parts"));
+  m.def("save_training_state", &save_training_state, py::arg("path"), py::arg("components"), py::arg("spec"),
+        py::arg("sidecar"), py::arg("durable"), py::arg("tensor_parts"));
+  m.def("load_training_state", &load_training_state, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"),
+        py::arg("spec"), py::arg("names"), py::arg("make_tensor"));
   m.def("error_codes", [] {
     py::dict out;
     for (std::size_t i = 0; i < error_code_count(); ++i) {
@@ -582,7 +732,6 @@ PYBIND11_MODULE(_native, m) {
     const auto code = error_code_from_name(name);
     return code && is_environment_error(*code);
   });
-  m.def("sha256_of_sidecar", [](const std::filesystem::path& path) { return read_sha256_sidecar(path).hex(); });
 
   py::class_<PyRunDirectory>(m, "RunDirectory")
       .def(py::init<const std::filesystem::path&, bool, bool, const py::object&, const py::object&, bool>(),

@@ -142,4 +142,9 @@ class StorageDigests {
 // A component digest for the manifest's storage digest kind.
 Sha256Digest component_digest(const Value& state, StorageDigests& storages);
 
+// The structure of a state Value, which a manifest records as a component's
+// contract: dict keys and value kinds, tensor dtypes and shapes, list lengths;
+// no tensor data and no scalar values.
+Value contract_of(const Value& state);
+
 }  // namespace holdpoint

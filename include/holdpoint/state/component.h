@@ -28,6 +28,7 @@
 #include <string>
 
 #include "holdpoint/format/value.h"
+#include "holdpoint/schema/manifest.h"  // contract_of
 
 namespace holdpoint {
 
@@ -66,10 +67,6 @@ class Component {
   // resume-profile preconditions. Default: nothing.
   virtual void describe(ProfileFacts& facts) const;
 };
-
-// The structure of a state Value: dict keys and value kinds, tensor dtypes and
-// shapes, list lengths; no tensor data and no scalar values.
-Value contract_of(const Value& state);
 
 // A deep copy in which every tensor owns a contiguous copy of its elements.
 Value deep_copy(const Value& value);

@@ -456,4 +456,44 @@ Sha256Digest component_digest(const Value& state, StorageDigests& storages) {
   return encoder.finish();
 }
 
+Value contract_of(const Value& state) {
+  switch (state.kind()) {
+    case ValueKind::tensor: {
+      const TensorData& t = state.as_tensor();
+      Value::List shape;
+      for (std::int64_t size : t.sizes) shape.push_back(Value::integer(size));
+      Dict entry;
+      entry.insert("kind", Value::string("Tensor"));
+      entry.insert("dtype", Value::string(std::string(dtype_name(t.dtype))));
+      entry.insert("shape", Value::list(std::move(shape)));
+      return Value::dict(std::move(entry));
+    }
+    case ValueKind::list:
+    case ValueKind::tuple: {
+      Value::List items;
+      for (const Value& item : state.as_list()) items.push_back(contract_of(item));
+      Dict entry;
+      entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));
+      entry.insert("items", Value::list(std::move(items)));
+      return Value::dict(std::move(entry));
+    }
+    case ValueKind::dict:
+    case ValueKind::ordered_dict: {
+      Dict fields;
+      for (const auto& [key, item] : state.as_dict()) {
+        fields.insert(key.is_string() ? DictKey(key.as_string()) : DictKey(key.as_int()), contract_of(item));
+      }
+      Dict entry;
+      entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));
+      entry.insert("fields", Value::dict(std::move(fields)));
+      return Value::dict(std::move(entry));
+    }
+    default: {
+      Dict entry;
+      entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));
+      return Value::dict(std::move(entry));
+    }
+  }
+}
+
 }  // namespace holdpoint

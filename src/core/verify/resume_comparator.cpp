@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/fail.h"
+#include "format/value/half_float.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/verify/resume_verifier.h"
 
@@ -105,15 +106,6 @@ Comparison make(std::string quantity, bool exact) {
 
 // ---- state trees ------------------------------------------------------------------
 
-double half_to_double(std::uint16_t bits) {
-  const int exponent = (bits >> 10) & 0x1f;
-  const int mantissa = bits & 0x3ff;
-  const double sign = (bits & 0x8000) ? -1.0 : 1.0;
-  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
-  if (exponent == 31) return mantissa ? std::numeric_limits<double>::quiet_NaN() : sign * HUGE_VAL;
-  return sign * std::ldexp(mantissa + 1024, exponent - 25);
-}
-
 // Floating dtypes as a list of real components (complex: real, imaginary).
 bool decodes_as_real(DType dtype) {
   switch (dtype) {
@@ -151,15 +143,12 @@ double real_component(DType dtype, const std::byte* data, std::size_t i) {
     case DType::complex32: {
       std::uint16_t bits;
       std::memcpy(&bits, data + i * 2, 2);
-      return half_to_double(bits);
+      return holdpoint::value::half_to_double(bits);
     }
     case DType::bfloat16: {
       std::uint16_t bits;
       std::memcpy(&bits, data + i * 2, 2);
-      const std::uint32_t widened = std::uint32_t{bits} << 16;
-      float v;
-      std::memcpy(&v, &widened, 4);
-      return v;
+      return holdpoint::value::bfloat16_to_double(bits);
     }
     default: return 0;
   }

@@ -8,7 +8,7 @@
 
 #include "base/fail.h"
 #include "format/pt_writer.h"
-#include "schema/written_storage_digests.h"
+#include "schema/component_writer.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/state/component.h"
 #include "holdpoint/schema/manifest.h"
@@ -129,7 +129,7 @@ void write_envelope(io::ByteSink& sink, const SelectionRecord& record, const std
   Dict selection;
   selection.insert("record", record.to_value());
   selection.insert("artifact_route", Value::string(route));
-  const std::vector<std::pair<std::string, Value>> components = {
+  const schema::NamedComponents components = {
       {std::string(kModelComponent), state_value(state)},
       {std::string(kSelectionComponent), floats_as_tensors(Value::dict(std::move(selection)))}};
 
@@ -139,26 +139,11 @@ void write_envelope(io::ByteSink& sink, const SelectionRecord& record, const std
   manifest.holdpoint_version = HOLDPOINT_VERSION;
   manifest.libtorch_version = TORCH_VERSION;
   manifest.compiler = __VERSION__;
-  Dict body;
-  body.insert(std::string(kManifestKey), manifest.to_value());
-  for (const auto& [name, value] : components) body.insert(name, value);
-
   format::PtWriteOptions options;
   // The envelope is a handoff, often to Python: torch 1.13's weights_only
   // loader must read it too (docs/format.md).
   options.torch_1_13_compatible = true;
-  format::write_pt_storages_first(
-      sink, Value::dict(body),
-      [&](const std::vector<format::WrittenStorage>& written) {
-        StorageDigests digests = schema::written_storage_digests(written);
-        for (const auto& [name, value] : components) {
-          manifest.components.push_back({name, component_digest(value, digests), contract_of(value)});
-        }
-        Dict root = body;
-        root.insert_or_assign(std::string(kManifestKey), manifest.to_value());
-        return Value::dict(std::move(root));
-      },
-      options);
+  schema::write_components(sink, std::move(manifest), components, options);
 }
 
 SelectionEnvelope parse_envelope(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {

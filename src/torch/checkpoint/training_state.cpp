@@ -11,7 +11,8 @@
 #include "checkpoint/training_state_access.h"
 #include "base/fail.h"
 #include "format/pt_writer.h"
-#include "schema/written_storage_digests.h"
+#include "schema/component_writer.h"
+#include "schema/resume_checks.h"
 #include "schema/checkpoint_bytes.h"
 #include "holdpoint/tensor/trusted_load.h"
 #include "holdpoint_version.h"
@@ -37,12 +38,6 @@ int apply_rank(const std::string& name) {
   if (name == "sampler") return 1000;
   if (name == "rng") return 1001;
   return 100;
-}
-
-std::string list_text(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
 }
 
 // The restricted reader's verdicts that mean "only LibTorch's deserializer
@@ -160,27 +155,13 @@ ProfileFacts TrainingState::profile_facts() const {
   return facts;
 }
 
-namespace {
-
-// The configuration the identity covers: the caller's fields plus what the
-// registry itself makes load-bearing (the profile, the semantic identity, and
-// each component's structure of record).
-TrainingConfig effective_config(const TrainingConfig& base, const std::string& semantic_identity,
-                                ResumeProfile profile) {
-  TrainingConfig config = base;
-  config.load_bearing("semantic_identity", Value::string(semantic_identity));
-  config.load_bearing("profile", Value::string(std::string(resume_profile_name(profile))));
-  return config;
-}
-
-}  // namespace
 
 Manifest TrainingState::manifest_preview() const {
   Manifest manifest;
   manifest.kind = CheckpointKind::resume;
   manifest.semantic_identity = semantic_identity_;
   manifest.profile = std::string(resume_profile_name(profile_));
-  manifest.config = effective_config(config_, semantic_identity_, profile_);
+  manifest.config = schema::effective_config(config_, semantic_identity_, profile_);
   manifest.holdpoint_version = HOLDPOINT_VERSION;
   manifest.libtorch_version = TORCH_VERSION;
   manifest.compiler = __VERSION__;
@@ -241,30 +222,14 @@ Value as_torch_1_13_state(const Value& value) {
 }  // namespace
 
 SaveResult PreparedCheckpoint::write(io::ByteSink& sink) const {
-  Manifest manifest = manifest_;
-  std::vector<std::pair<std::string, Value>> compatible;
+  schema::NamedComponents compatible;
   if (torch_1_13_compatible_) {
     for (const auto& [name, state] : states_) compatible.emplace_back(name, as_torch_1_13_state(state));
   }
-  const auto& states_ = torch_1_13_compatible_ ? compatible : this->states_;
-  Dict body;
-  body.insert(std::string(kManifestKey), manifest.to_value());
-  for (const auto& [name, state] : states_) body.insert(name, state);
-  const Value provisional = Value::dict(body);
-
   format::PtWriteOptions write_options;
   write_options.torch_1_13_compatible = torch_1_13_compatible_;
-  const auto finish_root = [&](const std::vector<format::WrittenStorage>& written) {
-    StorageDigests digests = schema::written_storage_digests(written);
-    manifest.components.clear();
-    for (const auto& [name, state] : states_) {
-      manifest.components.push_back({name, component_digest(state, digests), contract_of(state)});
-    }
-    Dict root = body;
-    root.insert_or_assign(std::string(kManifestKey), manifest.to_value());
-    return Value::dict(std::move(root));
-  };
-  const auto written = format::write_pt_storages_first(sink, provisional, finish_root, write_options);
+  const auto written =
+      schema::write_components(sink, manifest_, torch_1_13_compatible_ ? compatible : states_, write_options);
   SaveResult result;
   result.tensor_count = written.tensor_count;
   result.storage_count = written.storage_count;
@@ -301,93 +266,23 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
   report.layout = "holdpoint";
   try {
     const Value& root = mapping.root;
-    if (!root.is_dict()) {
-      fail(ErrorCode::schema_field_missing, "the file holds a ", value_kind_name(root.kind()),
-           ", not a holdpoint checkpoint (dict with a '", kManifestKey, "' manifest)");
-    }
-    const Value* manifest_value = find_manifest_entry(root);
-    if (!manifest_value) {
-      fail(ErrorCode::schema_field_missing, "the file has no '", kManifestKey,
-           "' manifest; legacy checkpoints restore the model with load_model_state, or everything they hold "
-           "with load_trusted_checkpoint");
-    }
-    const Manifest manifest = Manifest::from_value(*manifest_value);
-    if (manifest.kind != CheckpointKind::resume) {
-      fail(ErrorCode::checkpoint_kind_mismatch, "the checkpoint's kind is '", checkpoint_kind_name(manifest.kind),
-           "'; a full resume needs kind 'resume'");
-    }
-    const auto file_profile = resume_profile_from_name(manifest.profile);
-    if (!file_profile) fail(ErrorCode::profile_unknown, "resume profile '", manifest.profile, "' is not known");
-    report.profile = manifest.profile;
-    // The profile's preconditions must hold for the setup about to continue
-    // the run, before anything relies on the profile's claim.
-    if (!(options.allow_unqualified_profile_change && profile_ == ResumeProfile::unqualified)) {
-      check_profile(*file_profile, profile_facts());
-    }
-
-    const ConfigComparison comparison =
-        compare_configs(manifest.config, effective_config(config_, semantic_identity_, profile_));
-    std::vector<std::string> drifted = comparison.drifted;
-    if (options.allow_unqualified_profile_change && profile_ == ResumeProfile::unqualified) {
-      // The saved profile's claim is dropped, not relied on: it stops being load-bearing.
-      std::erase_if(drifted, [](const std::string& field) { return field == "profile"; });
-    }
-    if (comparison.max_epochs && comparison.max_epochs->live < comparison.max_epochs->saved) {
-      drifted.push_back(detail::concat("max_epochs (", comparison.max_epochs->saved, " -> ",
-                                       comparison.max_epochs->live, ": may grow, not shrink)"));
-    }
-    if (!drifted.empty()) {
-      fail(ErrorCode::config_drift, "load-bearing configuration differs from the checkpoint's: ", list_text(drifted));
-    }
-
-    // Inventory: exactly the registered components, each with a manifest record.
-    std::vector<std::string> missing, unknown;
-    for (const Component* c : components_) {
-      if (!root.as_dict().find(c->name()) || !manifest.component(c->name())) missing.push_back(c->name());
-    }
-    for (const auto& [key, value] : root.as_dict()) {
-      if (!key.is_string()) {
-        unknown.push_back(key.to_string());
-      } else if (key.as_string() != kManifestKey && !component(key.as_string())) {
-        unknown.push_back(key.as_string());
-      }
-    }
-    for (const auto& record : manifest.components) {
-      if (!component(record.name) && std::find(unknown.begin(), unknown.end(), record.name) == unknown.end()) {
-        unknown.push_back(record.name);
-      }
-    }
-    if (!missing.empty()) fail(ErrorCode::component_missing, "registered components absent from the file: ", list_text(missing));
-    if (!unknown.empty()) fail(ErrorCode::component_unknown, "components in the file that are not registered: ", list_text(unknown));
-
-    // A whole-file digest that matched an expected value already proves every
-    // byte; the component digests are then identity, not integrity.
-    StorageDigests digests(manifest.storage_digest);
-    const bool check_digests = !mapping.digest_checked;
-    for (const Component* c : components_) {
-      if (!options.check_component_records) break;
-      const Value& state = root.as_dict().at(c->name());
-      const ComponentRecord& record = *manifest.component(c->name());
-      if (check_digests && component_digest(state, digests) != record.sha256) {
-        fail(ErrorCode::component_digest_mismatch, "component '", c->name(),
-             "' does not match the digest its manifest records");
-      }
-      if (!equal_content(contract_of(state), record.contract)) {
-        fail(ErrorCode::component_contract_mismatch, "component '", c->name(),
-             "' does not have the structure its manifest records");
-      }
-    }
+    schema::ResumeExpectation expectation;
+    expectation.config = schema::effective_config(config_, semantic_identity_, profile_);
+    for (const Component* c : components_) expectation.components.push_back(c->name());
+    const bool drop_profile_claim = options.allow_unqualified_profile_change && profile_ == ResumeProfile::unqualified;
+    // A dropped claim is not relied on: its preconditions are not checked and
+    // the profile stops being load-bearing.
+    if (!drop_profile_claim) expectation.facts = profile_facts();
+    expectation.ignore_profile_drift = drop_profile_claim;
+    expectation.digest_checked = mapping.digest_checked;
+    expectation.check_component_records = options.check_component_records;
+    const schema::ResumeCheck check = schema::check_resume_root(root, expectation);
+    report.profile = check.manifest.profile;
     for (const Component* c : components_) c->validate(root.as_dict().at(c->name()));
 
-    if (comparison.max_epochs && comparison.max_epochs->live > comparison.max_epochs->saved) {
-      std::int64_t step = 0;
-      if (const Value* progress = root.as_dict().find(std::string_view("progress"));
-          progress && progress->is_dict()) {
-        if (const Value* global = progress->as_dict().find(std::string_view("global_step")); global && global->is_int()) {
-          step = global->as_int();
-        }
-      }
-      report.drift = ResumeDrift{"max_epochs", comparison.max_epochs->saved, comparison.max_epochs->live, step};
+    if (check.max_epochs_growth) {
+      report.drift = ResumeDrift{"max_epochs", check.max_epochs_growth->saved, check.max_epochs_growth->live,
+                                 schema::progress_step_of(root)};
     }
     if (options.before_apply) options.before_apply();
     report = apply_transactionally(root, std::move(report));
@@ -545,7 +440,7 @@ LoadReport TrainingState::load_trusted_checkpoint(const std::filesystem::path& p
     offer("model", layout.model);
     offer("optimizer", layout.optimizer);
     offer("scheduler", layout.scheduler);
-    if (!skipped.empty()) warn(detail::concat("not restored (no such component registered): ", list_text(skipped)));
+    if (!skipped.empty()) warn(detail::concat("not restored (no such component registered): ", schema::list_text(skipped)));
     // Validate everything first, then apply transactionally, as for checked loads.
     for (const auto& [key, state] : states) component(key.as_string())->validate(state);
     return apply_transactionally(Value::dict(std::move(states)), std::move(report));

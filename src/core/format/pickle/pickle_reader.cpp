@@ -48,6 +48,7 @@
 #include "base/fail.h"
 #include "base/keyed_hash.h"
 #include "format/pickle/pickle_opcodes.h"
+#include "format/value/half_float.h"
 
 namespace holdpoint::format {
 namespace {
@@ -1991,18 +1992,7 @@ Item Machine::reduce_numpy_scalar(const Item& args) {
     }
     case DType::float32: return floating_item(load(float{}));
     case DType::float64: return floating_item(load(double{}));
-    case DType::float16: {
-      const auto half = load(std::uint16_t{});
-      // IEEE half to double, subnormals and specials included.
-      const int exponent = (half >> 10) & 0x1F;
-      const int mantissa = half & 0x3FF;
-      double magnitude;
-      if (exponent == 0) magnitude = std::ldexp(mantissa, -24);
-      else if (exponent == 31) magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN()
-                                                    : std::numeric_limits<double>::infinity();
-      else magnitude = std::ldexp(mantissa + 1024, exponent - 25);
-      return floating_item((half & 0x8000) ? -magnitude : magnitude);
-    }
+    case DType::float16: return floating_item(holdpoint::value::half_to_double(load(std::uint16_t{})));
     default: break;
   }
   error(ErrorCode::numpy_dtype_unsupported, "a NumPy ", dtype_name(dtype),

@@ -1,0 +1,683 @@
+"""holdpoint.TrainingState: a whole training state saved and resumed from Python.
+
+The file is the one the C++ ``holdpoint::TrainingState`` writes and reads
+(docs/resume-contract.md): a plain dict of components beside a manifest that
+records the run's identity, its resume profile, its configuration identity
+and each component's digest and contract. The same core functions write it and
+check it on load, so a checkpoint saved in Python resumes in C++ and the
+reverse (docs/python.md, "Resuming across languages").
+
+Components are Python objects with ``state_dict()`` and ``load_state_dict()``:
+a ``torch.nn.Module``, an optimizer, an LR scheduler, a ``GradScaler``, and the
+classes below for what PyTorch keeps no state of (the generators, the
+sampler's place in its epoch, the step counters).
+"""
+
+from __future__ import annotations
+
+import copy
+import random as _random_module
+import sys
+from typing import Any, Iterator, Mapping, Optional
+
+from . import _native
+from ._convert import TensorFactory, tensor_parts
+from ._errors import Error
+
+PROFILES = ("cpu-basic-v1", "cpu-shuffled-singleworker-v1", "cuda-single-device-v1", "cpu-gloo-ddp-v1",
+            "unqualified")
+
+# The order components are applied in, as in C++: the model first, so that the
+# optimizer's parameters are the restored ones; generators last, so that
+# nothing run while restoring consumes randomness after it was restored.
+_APPLY_RANK = {"model": 0, "scheduler": 1, "optimizer": 2, "scaler": 3, "progress": 4, "early_stop": 5,
+               "history": 6, "sampler": 1000, "rng": 1001}
+
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _state_error(code: str, detail: str) -> Error:
+    return Error(detail, code)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _require_int(state: Mapping, key: str, component: str, minimum: int = 0) -> int:
+    value = state[key]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _state_error("state_type_invalid", f"{component}['{key}'] is a {type(value).__name__}, not an int")
+    if value < minimum:
+        raise _state_error("state_value_invalid", f"{component}['{key}'] = {value} is below {minimum}")
+    return value
+
+
+def _require_keys(state: Any, keys: tuple[str, ...], component: str) -> None:
+    if not isinstance(state, Mapping):
+        raise _state_error("state_type_invalid", f"{component} is a {type(state).__name__}, not a dict")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise _state_error("state_key_missing", f"{component} lacks {', '.join(missing)}")
+    unknown = [str(k) for k in state if k not in keys]
+    if unknown:
+        raise _state_error("state_key_unknown", f"{component} has unknown keys {', '.join(unknown)}")
+
+
+# ---- progress --------------------------------------------------------------------------------
+
+class Progress:
+    """Where the run is: optimizer updates (``global_step``), the epoch, batches into
+    it and samples seen. The state layout of the C++ ``holdpoint::Progress``."""
+
+    _KEYS = ("global_step", "epoch", "batch_in_epoch", "samples_seen")
+
+    def __init__(self, global_step: int = 0, epoch: int = 0, batch_in_epoch: int = 0, samples_seen: int = 0):
+        self.global_step = global_step
+        self.epoch = epoch
+        self.batch_in_epoch = batch_in_epoch
+        self.samples_seen = samples_seen
+
+    def state_dict(self) -> dict:
+        return {key: getattr(self, key) for key in self._KEYS}
+
+    def validate_state_dict(self, state: Mapping) -> None:
+        _require_keys(state, self._KEYS, "progress")
+        for key in self._KEYS:
+            _require_int(state, key, "progress")
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.validate_state_dict(state)
+        for key in self._KEYS:
+            setattr(self, key, state[key])
+
+    def __repr__(self) -> str:
+        return "Progress(" + ", ".join(f"{k}={getattr(self, k)}" for k in self._KEYS) + ")"
+
+
+# ---- samplers --------------------------------------------------------------------------------
+
+class _Sampler:
+    """Indices 0..n-1, one epoch at a time, resumable mid-epoch: ``next()`` returns the
+    next index or None at the end of the epoch, ``start_epoch(e)`` begins epoch e.
+    Iterating yields the rest of the current epoch (starting the next one first if
+    this one is used up), so it also serves as a DataLoader's ``sampler`` with
+    ``num_workers=0``."""
+
+    kind = ""
+
+    def __init__(self, num_samples: int) -> None:
+        if not isinstance(num_samples, int) or num_samples < 0:
+            raise Error(f"sampler: num_samples {num_samples!r} is not an int >= 0", "invalid_argument")
+        self.num_samples = num_samples
+        self.epoch = 0
+        self.cursor = 0
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _index(self, position: int) -> int:
+        raise NotImplementedError
+
+    def next(self) -> Optional[int]:
+        if self.cursor == self.num_samples:
+            return None
+        index = self._index(self.cursor)
+        self.cursor += 1
+        return index
+
+    def __iter__(self) -> Iterator[int]:
+        if self.cursor == self.num_samples and self.num_samples:
+            self.start_epoch(self.epoch + 1)
+        while True:
+            index = self.next()
+            if index is None:
+                return
+            yield index
+
+    def start_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def _check_header(self, state: Any, keys: tuple[str, ...]) -> None:
+        _require_keys(state, keys, "sampler")
+        if state["kind"] != self.kind:
+            raise _state_error("state_value_invalid", f"sampler['kind'] is {state['kind']!r}, the live sampler is "
+                                                      f"{self.kind!r}")
+        if _require_int(state, "num_samples", "sampler") != self.num_samples:
+            raise _state_error("state_value_invalid", f"sampler['num_samples'] is {state['num_samples']}, the live "
+                                                      f"sampler has {self.num_samples}")
+        _require_int(state, "epoch", "sampler")
+        cursor = _require_int(state, "cursor", "sampler")
+        if cursor > self.num_samples:
+            raise _state_error("state_value_invalid", f"sampler['cursor'] = {cursor} is outside 0..{self.num_samples}")
+
+
+class SequentialSampler(_Sampler):
+    """0, 1, ..., n-1 every epoch; the C++ ``holdpoint::SequentialSampler``."""
+
+    kind = "sequential"
+    _KEYS = ("kind", "num_samples", "epoch", "cursor")
+
+    def _index(self, position: int) -> int:
+        return position
+
+    def start_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.cursor = 0
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "num_samples": self.num_samples, "epoch": self.epoch, "cursor": self.cursor}
+
+    def validate_state_dict(self, state: Mapping) -> None:
+        self._check_header(state, self._KEYS)
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.validate_state_dict(state)
+        self.epoch, self.cursor = state["epoch"], state["cursor"]
+
+
+class RandomSampler(_Sampler):
+    """A fresh permutation of 0..n-1 each epoch, drawn with
+    ``torch.randperm(n, generator=generator)`` from an explicit CPU generator that
+    the run registers (in :class:`Generators`); the epoch's order and the cursor are
+    its state. Draws, layout and checks are those of the C++
+    ``holdpoint::RandomSampler``, which also draws epoch 0's order when built."""
+
+    kind = "random"
+    _KEYS = ("kind", "num_samples", "epoch", "order", "cursor")
+
+    def __init__(self, num_samples: int, generator: Any) -> None:
+        super().__init__(num_samples)
+        torch = _torch()
+        if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+            raise Error("sampler: RandomSampler needs a CPU torch.Generator", "invalid_argument")
+        self.generator = generator
+        self.start_epoch(0)
+
+    def _index(self, position: int) -> int:
+        return int(self.order[position])
+
+    def start_epoch(self, epoch: int) -> None:
+        torch = _torch()
+        self.order = torch.randperm(self.num_samples, generator=self.generator, dtype=torch.int64)
+        self.epoch = epoch
+        self.cursor = 0
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "num_samples": self.num_samples, "epoch": self.epoch, "order": self.order,
+                "cursor": self.cursor}
+
+    def validate_state_dict(self, state: Mapping) -> None:
+        torch = _torch()
+        self._check_header(state, self._KEYS)
+        order = state["order"]
+        if not _is_tensor(order):
+            raise _state_error("state_type_invalid", f"sampler['order'] is a {type(order).__name__}, not a tensor")
+        if order.dtype != torch.int64:
+            raise _state_error("state_dtype_mismatch", f"sampler['order'] has dtype {order.dtype}, not torch.int64")
+        if tuple(order.shape) != (self.num_samples,):
+            raise _state_error("state_shape_mismatch", f"sampler['order'] is not a 1-d tensor of the "
+                                                       f"{self.num_samples} sample indices")
+        if not torch.equal(torch.sort(order).values, torch.arange(self.num_samples, dtype=torch.int64)):
+            raise _state_error("state_value_invalid", f"sampler['order'] is not a permutation of "
+                                                      f"0..{self.num_samples - 1}")
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.validate_state_dict(state)
+        self.order = state["order"].clone().contiguous()
+        self.epoch, self.cursor = state["epoch"], state["cursor"]
+
+
+# ---- generators ------------------------------------------------------------------------------
+
+def _encode_big_ints(value: Any) -> Any:
+    """A NumPy bit generator's state may hold ints beyond 64 bits (PCG64's 128-bit
+    state): those are stored as {"int": "<decimal>"}."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+        return {"int": str(value)}
+    if isinstance(value, dict):
+        return {k: _encode_big_ints(v) for k, v in value.items()}
+    return value
+
+
+def _decode_big_ints(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"int"} and isinstance(value["int"], str):
+            return int(value["int"])
+        return {k: _decode_big_ints(v) for k, v in value.items()}
+    return value
+
+
+def _numpy_array(value: Any):
+    import numpy
+
+    return value.numpy() if _is_tensor(value) else numpy.asarray(value)
+
+
+class _Source:
+    """One registered generator: its kind, and how its state is read, checked and set."""
+
+    def __init__(self, name: str, generator: Any) -> None:
+        self.name = name
+        self.generator = generator
+        self.kind = self._kind_of(generator)
+
+    @staticmethod
+    def _kind_of(generator: Any) -> str:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(generator, torch.Generator):
+            if generator.device.type != "cpu":
+                return f"torch.{generator.device.type}"
+            return "torch.cpu"
+        if generator is _random_module or isinstance(generator, _random_module.Random):
+            return "python.random"
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            if generator is numpy.random or isinstance(generator, numpy.random.RandomState):
+                return "numpy.random.RandomState"
+            if isinstance(generator, numpy.random.Generator):
+                return "numpy.random.Generator"
+        raise Error(f"generator '{generator!r}' is not a torch.Generator, random.Random, numpy.random.RandomState "
+                    "or numpy.random.Generator", "invalid_argument")
+
+    def get_state(self) -> Any:
+        g = self.generator
+        if self.kind.startswith("torch."):
+            return g.get_state()
+        if self.kind == "python.random":
+            return g.getstate()
+        if self.kind == "numpy.random.RandomState":
+            return g.get_state(legacy=True) if hasattr(g, "get_state") else None
+        return _encode_big_ints(g.bit_generator.state)
+
+    def _restored(self, state: Any) -> Any:
+        """A generator of the same kind holding `state` (raises if it cannot)."""
+        if self.kind.startswith("torch."):
+            torch = _torch()
+            if not _is_tensor(state) or state.dtype != torch.uint8:
+                raise ValueError("not a uint8 tensor")
+            trial = torch.Generator(device=self.generator.device)
+            trial.set_state(state.clone())
+            if not torch.equal(trial.get_state(), state):
+                raise ValueError("does not restore to the same bytes")
+            return state.clone()
+        if self.kind == "python.random":
+            version, internal, gauss = state
+            trial = _random_module.Random()
+            trial.setstate((version, tuple(internal), gauss))
+            return trial.getstate()
+        import numpy
+
+        if self.kind == "numpy.random.RandomState":
+            name, keys, pos, has_gauss, cached = state
+            restored = (name, _numpy_array(keys).astype(numpy.uint32, copy=True), int(pos), int(has_gauss),
+                        float(cached))
+            numpy.random.RandomState().set_state(restored)
+            return restored
+        decoded = _decode_big_ints(state)
+        if not isinstance(decoded, dict) or "bit_generator" not in decoded:
+            raise ValueError("not a bit generator state")
+        name = decoded["bit_generator"]
+        if name != type(self.generator.bit_generator).__name__:
+            raise ValueError(f"a {name} state for a {type(self.generator.bit_generator).__name__} generator")
+        decoded = {k: (_numpy_array(v).copy() if _is_tensor(v) else v) for k, v in decoded.items()}
+        type(self.generator.bit_generator)().state = decoded
+        return decoded
+
+    def set_state(self, restored: Any) -> None:
+        g = self.generator
+        if self.kind.startswith("torch."):
+            g.set_state(restored)
+        elif self.kind == "python.random":
+            g.setstate(restored)
+        elif self.kind == "numpy.random.RandomState":
+            g.set_state(restored)
+        else:
+            g.bit_generator.state = restored
+
+
+class Generators:
+    """The run's generators, saved and restored together: the "rng" component.
+
+    ``Generators({"torch.cpu": torch.default_generator, "sampler": g})`` registers
+    each generator under a name. Kinds: ``torch.Generator`` (the CPU one is the
+    state the C++ registry saves under kind "torch.cpu"), ``random.Random`` or the
+    ``random`` module itself, ``numpy.random.RandomState`` or the ``numpy.random``
+    module (its global state), and ``numpy.random.Generator``. The C++ registry
+    restores the torch kinds; the others are Python's own.
+
+    The state is ``{name: {"kind": kind, "state": state}}``. A load checks the
+    inventory (``rng_inventory_mismatch``) and that every state restores on a
+    scratch generator (``rng_state_invalid``) before any live one changes.
+    """
+
+    def __init__(self, generators: Optional[Mapping[str, Any]] = None) -> None:
+        self._sources: dict[str, _Source] = {}
+        for name, generator in (generators or {}).items():
+            self.add(name, generator)
+
+    def add(self, name: str, generator: Any) -> "Generators":
+        if name in self._sources:
+            raise Error(f"generator '{name}' is registered twice", "invalid_argument")
+        if any(source.generator is generator for source in self._sources.values()):
+            raise Error(f"generator '{name}' is already registered under another name", "invalid_argument")
+        self._sources[name] = _Source(name, generator)
+        return self
+
+    def __contains__(self, generator: Any) -> bool:
+        return any(source.generator is generator for source in self._sources.values())
+
+    def names(self) -> list[str]:
+        return list(self._sources)
+
+    def state_dict(self) -> dict:
+        return {name: {"kind": s.kind, "state": s.get_state()} for name, s in self._sources.items()}
+
+    def _restored_states(self, state: Any) -> dict[str, Any]:
+        if not isinstance(state, Mapping):
+            raise _state_error("state_type_invalid", f"rng is a {type(state).__name__}, not a dict")
+        if set(state) != set(self._sources):
+            missing = sorted(set(self._sources) - set(state))
+            unknown = sorted(str(k) for k in set(state) - set(self._sources))
+            raise _state_error("rng_inventory_mismatch", f"rng: registered but not in the file: {missing or 'none'}; "
+                                                         f"in the file but not registered: {unknown or 'none'}")
+        restored = {}
+        for name, source in self._sources.items():
+            entry = state[name]
+            _require_keys(entry, ("kind", "state"), f"rng['{name}']")
+            if entry["kind"] != source.kind:
+                raise _state_error("rng_inventory_mismatch", f"rng['{name}'] is a {entry['kind']} generator, "
+                                                             f"registered as {source.kind}")
+            try:
+                restored[name] = source._restored(entry["state"])
+            except (TypeError, ValueError, KeyError, IndexError, RuntimeError, OverflowError) as failure:
+                raise _state_error("rng_state_invalid", f"rng['{name}']['state'] cannot be restored: "
+                                                        f"{failure}") from None
+        return restored
+
+    def validate_state_dict(self, state: Mapping) -> None:
+        self._restored_states(state)
+
+    def load_state_dict(self, state: Mapping) -> None:
+        restored = self._restored_states(state)
+        for name, source in self._sources.items():
+            source.set_state(restored[name])
+
+
+# ---- validation of PyTorch's own components --------------------------------------------------
+
+def _validate_module(module: Any, state: Any) -> None:
+    if not isinstance(state, Mapping):
+        raise _state_error("state_type_invalid", f"model is a {type(state).__name__}, not a state dict")
+    live = module.state_dict()
+    missing = [k for k in live if k not in state]
+    if missing:
+        raise _state_error("state_key_missing", f"model lacks {', '.join(missing[:8])}")
+    unknown = [str(k) for k in state if k not in live]
+    if unknown:
+        raise _state_error("state_key_unknown", f"model has keys the live model does not: {', '.join(unknown[:8])}")
+    for key, tensor in live.items():
+        saved = state[key]
+        if not _is_tensor(saved):
+            raise _state_error("state_type_invalid", f"model['{key}'] is a {type(saved).__name__}, not a tensor")
+        if tuple(saved.shape) != tuple(tensor.shape):
+            raise _state_error("state_shape_mismatch", f"model['{key}'] has shape {list(saved.shape)}, the live "
+                                                       f"model {list(tensor.shape)}")
+        if saved.dtype != tensor.dtype:
+            raise _state_error("state_dtype_mismatch", f"model['{key}'] has dtype {saved.dtype}, the live model "
+                                                       f"{tensor.dtype}")
+
+
+def _validate_optimizer(optimizer: Any, state: Any) -> None:
+    if not isinstance(state, Mapping) or set(state) != {"state", "param_groups"}:
+        raise _state_error("state_structure_mismatch", "optimizer is not {'state': ..., 'param_groups': [...]}")
+    groups = state["param_groups"]
+    if not isinstance(groups, (list, tuple)) or len(groups) != len(optimizer.param_groups):
+        raise _state_error("state_structure_mismatch", f"optimizer has {len(groups) if isinstance(groups, list) else 0}"
+                                                       f" param groups, the live one {len(optimizer.param_groups)}")
+    params: list[tuple[Any, Any]] = []
+    for index, (saved, live) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = saved.get("params") if isinstance(saved, Mapping) else None
+        if not isinstance(ids, (list, tuple)) or len(ids) != len(live["params"]):
+            raise _state_error("state_structure_mismatch", f"optimizer param_groups[{index}] does not list "
+                                                           f"{len(live['params'])} parameters")
+        params.extend(zip(ids, live["params"]))
+    by_id = dict(params)
+    per_param = state["state"]
+    if not isinstance(per_param, Mapping):
+        raise _state_error("state_type_invalid", "optimizer['state'] is not a dict")
+    for key, entry in per_param.items():
+        if key not in by_id:
+            raise _state_error("state_structure_mismatch", f"optimizer['state'] has an entry for parameter {key!r}, "
+                                                           "which no group lists")
+        if not isinstance(entry, Mapping):
+            raise _state_error("state_type_invalid", f"optimizer['state'][{key!r}] is not a dict")
+        for field, value in entry.items():
+            if _is_tensor(value) and value.dim() > 0 and tuple(value.shape) != tuple(by_id[key].shape):
+                raise _state_error("state_shape_mismatch",
+                                   f"optimizer['state'][{key!r}]['{field}'] has shape {list(value.shape)}, "
+                                   f"its parameter {list(by_id[key].shape)}")
+
+
+def _validate(component: Any, state: Any) -> None:
+    torch = sys.modules.get("torch")
+    if hasattr(component, "validate_state_dict"):
+        component.validate_state_dict(state)
+    elif torch is not None and isinstance(component, torch.nn.Module):
+        _validate_module(component, state)
+    elif torch is not None and isinstance(component, torch.optim.Optimizer):
+        _validate_optimizer(component, state)
+
+
+def _owned(value: Any) -> Any:
+    """`value` with every tensor copied out of the load's snapshot, so that live
+    state does not keep the whole file's memory alive."""
+    if _is_tensor(value):
+        return value.clone()
+    if isinstance(value, dict):
+        out = type(value)() if type(value) is not dict else {}
+        for key, item in value.items():
+            out[key] = _owned(item)
+        if hasattr(value, "_metadata"):
+            out._metadata = value._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(value, list):
+        return [_owned(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_owned(item) for item in value)
+    return value
+
+
+def plain_spec(semantic_identity: str) -> dict:
+    """The run description of a checkpoint written without a TrainingState: no
+    profile claim, no configuration beyond the semantic identity."""
+    torch = sys.modules.get("torch")
+    return {"semantic_identity": semantic_identity, "profile": "unqualified", "load_bearing": {},
+            "operational": {}, "code_identity": "", "data_identity": "",
+            "torch_version": f"Python torch {torch.__version__}" if torch is not None else "none",
+            "facts": {}, "last_resume_drift": None}
+
+
+# ---- TrainingState --------------------------------------------------------------------------
+
+class TrainingState:
+    """The registry of a run's components, saved and resumed as one checkpoint.
+
+        state = holdpoint.TrainingState("mnist-cnn-v3", profile="cpu-shuffled-singleworker-v1",
+                                        config={"lr": 0.03, "batch_size": 4, "seeds": [2024, 7]})
+        state.add("model", model).add("optimizer", optimizer).add("scheduler", scheduler)
+        state.add("rng", holdpoint.Generators({"torch.cpu": torch.default_generator, "sampler": g}))
+        state.add("sampler", sampler).add("progress", progress)
+        state.save("checkpoint.pt")          # atomic, with checkpoint.pt.sha256
+        report = state.load("checkpoint.pt")  # checked, then applied; or nothing changes
+
+    ``config`` holds the load-bearing fields (a change makes a resumed run a
+    different run: ``config_drift`` names each), ``operational`` the others;
+    ``max_epochs`` may grow between runs, not shrink. ``profile`` is a claim whose
+    preconditions are checked on save and on load (docs/resume-contract.md);
+    ``loader_workers`` and ``external_randomness`` declare what the components
+    cannot tell.
+    """
+
+    def __init__(self, semantic_identity: str, *, profile: str = "unqualified",
+                 config: Optional[Mapping[str, Any]] = None, operational: Optional[Mapping[str, Any]] = None,
+                 max_epochs: Optional[int] = None, loader_workers: int = 0, external_randomness: bool = False,
+                 code_identity: str = "", data_identity: str = "") -> None:
+        if profile not in PROFILES:
+            raise Error(f"resume profile '{profile}' is not known ({', '.join(PROFILES)})", "profile_unknown")
+        self.semantic_identity = semantic_identity
+        self.profile = profile
+        self.config = dict(config or {})
+        self.operational = dict(operational or {})
+        if max_epochs is not None:
+            self.operational["max_epochs"] = max_epochs
+        self.loader_workers = loader_workers
+        self.external_randomness = external_randomness
+        self.code_identity = code_identity
+        self.data_identity = data_identity
+        self._components: dict[str, Any] = {}
+        self._pending_drift: Optional[dict] = None
+
+    def add(self, name: str, component: Any) -> "TrainingState":
+        """Registers ``component`` (anything with ``state_dict`` and ``load_state_dict``)."""
+        if name in self._components or name == "holdpoint":
+            raise Error(f"component name '{name}' is taken", "invalid_argument")
+        if not hasattr(component, "state_dict") or not hasattr(component, "load_state_dict"):
+            raise Error(f"component '{name}' has no state_dict/load_state_dict", "invalid_argument")
+        self._components[name] = component
+        return self
+
+    def components(self) -> dict[str, Any]:
+        return dict(self._components)
+
+    def capture(self) -> dict[str, Any]:
+        """Every component's state now, by name."""
+        return {name: component.state_dict() for name, component in self._components.items()}
+
+    def _facts(self) -> dict:
+        torch = sys.modules.get("torch")
+        facts: dict[str, Any] = {"loader_workers": self.loader_workers,
+                                 "external_randomness": self.external_randomness}
+        registries = [c for c in self._components.values() if isinstance(c, Generators)]
+        model_on_cpu = True
+        sampler_kind = ""
+        sampler_generator = None
+        for name, component in self._components.items():
+            if torch is not None and isinstance(component, torch.nn.Module):
+                model_on_cpu &= all(t.device.type == "cpu" for t in component.state_dict().values())
+            if isinstance(component, _Sampler):
+                sampler_kind = component.kind
+                sampler_generator = getattr(component, "generator", None)
+            elif name == "sampler":
+                sampler_kind = "custom"
+        facts["model_on_cpu"] = model_on_cpu
+        facts["sampler_kind"] = sampler_kind
+        facts["cpu_generator_registered"] = torch is not None and any(
+            torch.default_generator in registry for registry in registries)
+        facts["sampler_generator_registered"] = sampler_generator is not None and any(
+            sampler_generator in registry for registry in registries)
+        return facts
+
+    def _spec(self) -> dict:
+        torch = sys.modules.get("torch")
+        return {"semantic_identity": self.semantic_identity, "profile": self.profile,
+                "load_bearing": self.config, "operational": self.operational,
+                "code_identity": self.code_identity, "data_identity": self.data_identity,
+                "torch_version": f"Python torch {torch.__version__}" if torch is not None else "none",
+                "facts": self._facts(), "last_resume_drift": self._pending_drift}
+
+    def _require_components(self) -> None:
+        if not self._components:
+            raise Error("the training state has no components (add the model, the optimizer, ...)",
+                        "invalid_argument")
+
+    def save(self, path: Any, *, sidecar: bool = True, durable: bool = True) -> dict:
+        """Writes every component, with the manifest, atomically (a crash leaves the
+        previous file); ``sidecar`` also writes ``path.sha256``. The profile's
+        preconditions are checked first (``profile_precondition_violated``).
+        Returns ``{"sha256", "bytes", "tensors", "storages"}``."""
+        import os
+
+        self._require_components()
+        return _native.save_training_state(os.fspath(path), self.capture(), self._spec(), sidecar, durable,
+                                           tensor_parts)
+
+    def commit(self, run: Any, *, step: int, epoch: int = 0, kind: str = "resume",
+               metrics: Optional[Mapping[str, float]] = None) -> dict:
+        """Publishes the state as generation ``step`` of a :class:`RunDirectory`."""
+        self._require_components()
+        return run._run.commit(self.capture(), step, epoch, kind, dict(metrics or {}), self._spec(), tensor_parts)
+
+    def load(self, path: Any, *, expected_sha256: Optional[str] = None, limits: Optional[Mapping[str, Any]] = None
+             ) -> dict:
+        """Resumes from ``path``: every check first, then every component, or nothing.
+
+        Checked in order, before anything changes: the whole-file SHA-256 against
+        ``expected_sha256`` (from a source you trust: a run's index, a sidecar you
+        vouch for), the restricted reader's rules, the manifest, the profile and its
+        preconditions, the configuration identity, the component inventory, each
+        component's digest and contract (all by the same C++ core as the C++
+        TrainingState), then each component's state against the live object. Then
+        components are applied, the model first and the generators last; if one
+        fails, those applied are put back as they were and ``state_apply_failed`` is
+        raised. Returns ``{"profile", "step", "sha256", "digest_checked", "drift",
+        "restored", ...}``."""
+        import os
+
+        self._require_components()
+        names = list(self._components)
+        states, report = _native.load_training_state(os.fspath(path), expected_sha256,
+                                                     dict(limits) if limits else None, self._spec(), names,
+                                                     TensorFactory("torch"))
+        order = sorted(names, key=lambda n: (_APPLY_RANK.get(n, 100), names.index(n)))
+        try:
+            for name in order:
+                _validate(self._components[name], states[name])
+        except Error as error:
+            raise Error(f"{os.fspath(path)}: {error.detail}", error.code, os.fspath(path), error.detail) from None
+        applied: list[tuple[str, Any]] = []
+        for name in order:
+            component = self._components[name]
+            before = copy.deepcopy(component.state_dict())
+            try:
+                component.load_state_dict(_owned(states[name]))
+            except Exception as failure:  # noqa: BLE001 (every failure rolls back)
+                applied.append((name, before))
+                unrestored = []
+                for done, saved in reversed(applied):
+                    try:
+                        self._components[done].load_state_dict(saved)
+                    except Exception:  # noqa: BLE001 (the others are still put back)
+                        unrestored.append(done)
+                outcome = (f"not restored: {', '.join(unrestored)}" if unrestored
+                           else "every component applied was restored")
+                detail = f"applying component '{name}' failed ({type(failure).__name__}: {failure}); {outcome}"
+                raise Error(f"{os.fspath(path)}: {detail}", "state_apply_failed", os.fspath(path), detail) from failure
+            applied.append((name, before))
+        if report["drift"] is not None:
+            self._pending_drift = report["drift"]
+        report["restored"] = order
+        return report
+
+    def resume(self, run: Any, generation: str = "latest") -> dict:
+        """:meth:`load` of a :class:`RunDirectory`'s generation, against the SHA-256
+        the run's index records for it."""
+        info = run.latest() if generation == "latest" else run.best() if generation == "best" else None
+        if info is None:
+            info = next((g for g in run.generations() if g["name"] == generation), None)
+        if info is None:
+            raise Error(f"run {run.path} has no generation '{generation}'", "invalid_argument", run.path)
+        return self.load(run.file_path(info["name"]), expected_sha256=info["sha256"])
+
+    def __repr__(self) -> str:
+        return (f"TrainingState({self.semantic_identity!r}, profile={self.profile!r}, "
+                f"components={list(self._components)})")
