@@ -60,15 +60,19 @@ def _require_int(state: Mapping, key: str, component: str, minimum: int = 0) -> 
     return value
 
 
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:8]) + (f" (and {len(names) - 8} more)" if len(names) > 8 else "")
+
+
 def _require_keys(state: Any, keys: tuple[str, ...], component: str) -> None:
     if not isinstance(state, Mapping):
         raise _state_error("state_type_invalid", f"{component} is a {type(state).__name__}, not a dict")
-    missing = [k for k in keys if k not in state]
+    missing = [str(k) for k in keys if k not in state]
     if missing:
-        raise _state_error("state_key_missing", f"{component} lacks {', '.join(missing)}")
+        raise _state_error("state_key_missing", f"{component} lacks {_names(missing)}")
     unknown = [str(k) for k in state if k not in keys]
     if unknown:
-        raise _state_error("state_key_unknown", f"{component} has unknown keys {', '.join(unknown)}")
+        raise _state_error("state_key_unknown", f"{component} has keys the live object does not: {_names(unknown)}")
 
 
 # ---- progress --------------------------------------------------------------------------------
@@ -416,15 +420,8 @@ class Generators:
 # ---- validation of PyTorch's own components --------------------------------------------------
 
 def _validate_module(module: Any, state: Any) -> None:
-    if not isinstance(state, Mapping):
-        raise _state_error("state_type_invalid", f"model is a {type(state).__name__}, not a state dict")
     live = module.state_dict()
-    missing = [k for k in live if k not in state]
-    if missing:
-        raise _state_error("state_key_missing", f"model lacks {', '.join(missing[:8])}")
-    unknown = [str(k) for k in state if k not in live]
-    if unknown:
-        raise _state_error("state_key_unknown", f"model has keys the live model does not: {', '.join(unknown[:8])}")
+    _require_keys(state, tuple(live), "model")
     for key, tensor in live.items():
         saved = state[key]
         if not _is_tensor(saved):

@@ -376,6 +376,15 @@ py::dict verify(const std::filesystem::path& path, const py::object& expected_sh
   return info;
 }
 
+py::dict save_result_dict(const SaveResult& result) {
+  py::dict out;
+  out["sha256"] = result.sha256.hex();
+  out["bytes"] = result.file_bytes;
+  out["tensors"] = result.tensor_count;
+  out["storages"] = result.storage_count;
+  return out;
+}
+
 py::dict save(const std::filesystem::path& path, const py::handle& root, bool sidecar, bool durable,
               bool torch_1_13_compatible, const py::object& tensor_parts) {
   SaveOptions options;
@@ -389,12 +398,7 @@ py::dict save(const std::filesystem::path& path, const py::handle& root, bool si
     py::gil_scoped_release released;
     result = save_mapping(path, value, options);
   }
-  py::dict out;
-  out["sha256"] = result.sha256.hex();
-  out["bytes"] = result.file_bytes;
-  out["tensors"] = result.tensor_count;
-  out["storages"] = result.storage_count;
-  return out;
+  return save_result_dict(result);
 }
 
 // ---- training states -------------------------------------------------------------------------
@@ -515,12 +519,7 @@ py::dict save_training_state(const std::filesystem::path& path, const py::handle
           schema::verify_checkpoint_bytes(bytes, owner);
         });
   }
-  py::dict out;
-  out["sha256"] = result.sha256.hex();
-  out["bytes"] = result.file_bytes;
-  out["tensors"] = result.tensor_count;
-  out["storages"] = result.storage_count;
-  return out;
+  return save_result_dict(result);
 }
 
 // Reads a resume checkpoint for `spec`'s run and runs every check that needs

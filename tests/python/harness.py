@@ -127,6 +127,18 @@ class Report:
         return 0
 
 
+def expect_raises(report, what, code, call, error_type):
+    """Runs call() and checks that it raises `error_type` whose .code is `code`."""
+    try:
+        call()
+    except error_type as error:
+        return report.check(error.code == code, f"{what}: code {error.code}, expected {code} ({error})")
+    except Exception as error:  # noqa: BLE001
+        return report.check(False, f"{what}: raised {type(error).__name__}: {error}, expected {error_type.__name__} "
+                                   f"{code}")
+    return report.check(False, f"{what}: no error, expected {code}")
+
+
 def normalize_storage_keys(tree):
     """Renumbers tensor storage keys "0", "1", ... in depth-first first-appearance order."""
     keys = {}

@@ -31,13 +31,7 @@ import holdpoint  # noqa: E402
 
 
 def expect_error(report, what, code, call):
-    try:
-        call()
-    except holdpoint.Error as error:
-        return report.check(error.code == code, f"{what}: code {error.code}, expected {code} ({error})")
-    except Exception as error:  # noqa: BLE001
-        return report.check(False, f"{what}: raised {type(error).__name__}: {error}, expected holdpoint.Error {code}")
-    return report.check(False, f"{what}: no error, expected {code}")
+    return harness.expect_raises(report, what, code, call, holdpoint.Error)
 
 
 class Setup:

@@ -27,13 +27,13 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
-#include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
 
 #include <nlohmann/json.hpp>
+
+#include "ieee_bits.h"
 
 #include "holdpoint/checkpoint/training_state.h"
 #include "holdpoint/state/lr_scheduler.h"
@@ -47,14 +47,6 @@ namespace {
 
 constexpr std::int64_t kRows = 24;
 constexpr std::int64_t kBatch = 4;
-
-std::string bits(double value) {
-  std::uint64_t b;
-  std::memcpy(&b, &value, sizeof b);
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(b));
-  return text;
-}
 
 }  // namespace
 
@@ -153,7 +145,7 @@ int main(int argc, char** argv) {
       progress.global_step += 1;
       progress.batch_in_epoch += 1;
       progress.samples_seen += kBatch;
-      records.push_back({{"step", progress.global_step}, {"ids", ids}, {"loss", bits(loss.item<double>())}});
+      records.push_back({{"step", progress.global_step}, {"ids", ids}, {"loss", ieee_bits(loss.item<double>())}});
       if (progress.global_step == save_at) {
         state.save(output / ("step-" + std::to_string(save_at) + ".pt"));
       }

@@ -23,27 +23,15 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
-#include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
+#include "ieee_bits.h"
+
 #include "holdpoint/state/lr_scheduler.h"
 #include "holdpoint/trainer/trainer.h"
-
-namespace {
-
-std::string bits(double value) {
-  std::uint64_t b;
-  std::memcpy(&b, &value, sizeof b);
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(b));
-  return text;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::int64_t steps = -1;
@@ -124,8 +112,8 @@ int main(int argc, char** argv) {
       records.push_back({{"step", record.step},
                          {"epoch", record.epoch},
                          {"ids", record.sample_ids},
-                         {"loss", bits(record.loss)},
-                         {"lr", bits(record.learning_rate)}});
+                         {"loss", ieee_bits(record.loss)},
+                         {"lr", ieee_bits(record.learning_rate)}});
     });
     trace["steps"] = records;
     trainer.state().save(output / "checkpoint.pt", {.torch_1_13_compatible = torch_1_13_compatible});

@@ -155,7 +155,6 @@ ProfileFacts TrainingState::profile_facts() const {
   return facts;
 }
 
-
 Manifest TrainingState::manifest_preview() const {
   Manifest manifest;
   manifest.kind = CheckpointKind::resume;
