@@ -278,8 +278,8 @@ def check_refusals(report, tmp):
     run = Run("sgd")
     flipped = os.path.join(tmp, "flipped.pt")
     data = bytearray(open(checkpoint, "rb").read())
-    start = data.find(b"data/0") + 64  # inside the first tensor record
-    data[start] ^= 0x01
+    record = next(r for r in holdpoint.inspect(checkpoint)["records"] if r["name"] == "data/0")
+    data[record["offset"] + record["size"] // 2] ^= 0x01  # inside the first tensor record
     open(flipped, "wb").write(bytes(data))
     digest = open(checkpoint + ".sha256").read().split()[0]
     expect_refused(report, "a flipped byte, against the sidecar's digest", "sha256_mismatch",
