@@ -149,6 +149,33 @@ def check_data_loader(report, tmp):
                  "loader: the first epoch is not each sample once")
 
 
+def check_sequential(report, tmp):
+    """cpu-basic-v1: a SequentialSampler and the CPU generator; resumed mid-epoch."""
+    def setup():
+        sampler, progress = holdpoint.SequentialSampler(10), holdpoint.Progress()
+        state = holdpoint.TrainingState("sequential", profile="cpu-basic-v1")
+        state.add("rng", holdpoint.Generators({"torch.cpu": torch.default_generator}))
+        state.add("sampler", sampler).add("progress", progress)
+        return state, sampler, progress
+
+    state, sampler, progress = setup()
+    taken = [sampler.next() for _ in range(4)]
+    progress.global_step = 2
+    path = os.path.join(tmp, "sequential.pt")
+    state.save(path)
+    state2, sampler2, progress2 = setup()
+    report.check(state2.load(path)["profile"] == "cpu-basic-v1", "sequential: profile")
+    report.check(taken == [0, 1, 2, 3] and list(sampler2) == list(range(4, 10)) and progress2.global_step == 2,
+                 "sequential: the resumed sampler does not continue at 4")
+    report.check(list(sampler2) == list(range(10)) and sampler2.epoch == 1, "sequential: the next epoch")
+    sampler.cursor = 11
+    bad = os.path.join(tmp, "sequential-bad.pt")
+    state.save(bad)
+    state3, sampler3, _ = setup()
+    expect_error(report, "sequential: a cursor past the end", "state_value_invalid", lambda: state3.load(bad))
+    report.check(sampler3.cursor == 0, "sequential: a refused load moved the cursor")
+
+
 def check_run_directory(report, tmp):
     run = holdpoint.RunDirectory(os.path.join(tmp, "run"))
     a = Setup()
@@ -261,6 +288,7 @@ def main():
     try:
         check_round_trip(report, tmp)
         check_data_loader(report, tmp)
+        check_sequential(report, tmp)
         check_run_directory(report, tmp)
         check_config_identity(report, tmp)
         check_refusals(report, tmp)
