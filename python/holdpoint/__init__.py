@@ -34,6 +34,7 @@ __all__ = [
     "error_codes",
     "inspect",
     "load",
+    "load_distributed_checkpoint",
     "load_model_state",
     "load_with_info",
     "restore_rng_states",
@@ -63,10 +64,12 @@ def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, lim
 
 def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
          tensors: str = "auto") -> Any:
-    """Reads a checkpoint (a torch.save zip, a pre-1.6 torch.save stream or a
-    safetensors file) with holdpoint's restricted reader and returns what it holds:
-    dicts (``collections.OrderedDict`` where the file has one, with ``_metadata``),
-    lists, tuples, ints, floats, str, bytes, None and tensors.
+    """Reads a checkpoint (a torch.save zip, a pre-1.6 torch.save stream, a
+    safetensors file, or a ``torch.distributed.checkpoint`` folder: see
+    :func:`load_distributed_checkpoint`) with holdpoint's restricted reader and
+    returns what it holds: dicts (``collections.OrderedDict`` where the file has
+    one, with ``_metadata``), lists, tuples, ints, floats, str, bytes, None and
+    tensors.
 
     - ``expected_sha256``: the file's SHA-256 (64 hex digits) from a source you
       trust. The whole file is hashed and compared before anything is returned;
@@ -83,7 +86,35 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
     when the last of them is. Raises :class:`Error` (``.code`` names the reason)
     for anything the reader refuses.
     """
+    if _native.is_distributed_checkpoint(_path(path)):
+        if expected_sha256 is not None:
+            raise Error(f"{_path(path)}: a torch.distributed.checkpoint folder has no single digest to check; "
+                        "verify its files instead", "invalid_argument", _path(path))
+        return load_distributed_checkpoint(path, limits=limits, tensors=tensors)
     return load_with_info(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors)[0]
+
+
+def load_distributed_checkpoint(folder: PathLike, *, limits: Optional[Limits] = None, tensors: str = "auto",
+                                metadata_only: bool = False) -> Any:
+    """Reads a ``torch.distributed.checkpoint`` folder (what ``dcp.save`` writes with
+    its FileSystemWriter: ``.metadata`` and ``*.distcp``) and returns the nested
+    state dict it holds, as DCP's own template-free load
+    (``dcp_to_torch_save``) rebuilds it, without executing anything.
+
+    ``.metadata`` is decoded by the restricted reader (DCP's dataclasses as
+    records: dicts of their fields with the class under ``"__class__"``); each
+    item is read into private memory and parsed as the untrusted ``torch.save``
+    archive it is; a tensor saved in chunks (by several ranks) is assembled after
+    the chunks were checked to tile it exactly. Non-tensor values, which DCP's own
+    loader unpickles with ``weights_only=False``, are read as data like any file.
+
+    ``metadata_only=True`` returns the decoded ``.metadata`` instead. Errors:
+    :class:`Error` with ``dcp_metadata_invalid``, ``dcp_item_missing``,
+    ``dcp_range_invalid``, ``dcp_transform_unsupported``, or the reader's code
+    for a malformed item.
+    """
+    return _native.load_distributed_checkpoint(_path(folder), dict(limits) if limits else None,
+                                               TensorFactory(tensors), metadata_only)
 
 
 _MODEL_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_state")

@@ -28,6 +28,7 @@
 
 #include "holdpoint/base/error.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/distributed_checkpoint.h"
 #include "holdpoint/format/scan.h"
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint_version.h"
@@ -323,6 +324,21 @@ py::tuple load(const std::filesystem::path& path, const py::object& expected_sha
   }
   ToPython to_python(make_tensor);
   return py::make_tuple(to_python.convert(mapping.root), mapping_info(mapping));
+}
+
+// A torch.distributed.checkpoint folder's state dict (or, with `metadata_only`,
+// its decoded .metadata), every item read by the restricted reader.
+py::object load_dcp_folder(const std::filesystem::path& folder, const py::object& limits,
+                                       const py::object& make_tensor, bool metadata_only) {
+  const Limits bounds = limits_from(limits);
+  Value root;
+  {
+    py::gil_scoped_release released;
+    root = metadata_only ? read_distributed_checkpoint_metadata(folder / ".metadata", bounds)
+                         : holdpoint::load_distributed_checkpoint(folder, bounds);
+  }
+  ToPython to_python(make_tensor);
+  return to_python.convert(root);
 }
 
 // What `holdpoint inspect` shows: the tree with tensors as (dtype, shape)
@@ -710,6 +726,9 @@ PYBIND11_MODULE(_native, m) {
       .def("__len__", [](const StorageBuffer& buffer) { return buffer.storage->nbytes(); });
 
   m.def("load", &load, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"), py::arg("make_tensor"));
+  m.def("load_distributed_checkpoint", &load_dcp_folder, py::arg("folder"), py::arg("limits"),
+        py::arg("make_tensor"), py::arg("metadata_only"));
+  m.def("is_distributed_checkpoint", [](const std::filesystem::path& folder) { return is_distributed_checkpoint(folder); });
   m.def("inspect", &inspect, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"),
         py::arg("describe_tensor"));
   m.def("verify", &verify, py::arg("path"), py::arg("expected_sha256"), py::arg("sidecar"), py::arg("limits"));

@@ -12,9 +12,8 @@ load (torch.load(weights_only=False) of a file this test just wrote, or safetens
 gives, NumPy arrays included. Restoring the RNG states from holdpoint's result gives the
 same next draws (Python random, NumPy, torch) as the framework's own resume; the data
 loader resumed from holdpoint's state yields the same batches. Pickled objects
-(TrainingArguments) stay refused with pickle_global_forbidden, and so does the pickled
-Metadata object of a torch.distributed.checkpoint directory (reading it as data is not
-implemented yet; docs/python.md).
+(TrainingArguments) stay refused with pickle_global_forbidden. torch.distributed.checkpoint
+folders have their own test, test_python_dcp.py.
 """
 
 import os
@@ -249,26 +248,13 @@ def check_torchdata(report, tmp):
         report.check(got == want, f"StatefulDataLoader resumed from holdpoint's state: {got} != {want}")
 
 
-# ---- torch.distributed.checkpoint -----------------------------------------------------------
-
-def check_distributed_checkpoint(report, tmp):
-    import torch.distributed.checkpoint as dcp
-
-    folder = os.path.join(tmp, "dcp")
-    dcp.save({"model": torch.nn.Linear(4, 2).state_dict()}, checkpoint_id=folder)
-    # The .metadata file pickles DCP's Metadata dataclasses: an object holdpoint does not
-    # yet read as data, so it is refused, not executed.
-    refused(report, "DCP .metadata", os.path.join(folder, ".metadata"), "unknown_format")
-
-
 def main():
     report = harness.Report("python_frameworks")
     tmp = tempfile.mkdtemp(prefix="holdpoint-frameworks-")
     cwd = os.getcwd()
     try:
         os.chdir(tmp)  # frameworks write stray files (lightning_logs, ...) to the working directory
-        for check in (check_transformers, check_accelerate, check_lightning, check_torchdata,
-                      check_distributed_checkpoint):
+        for check in (check_transformers, check_accelerate, check_lightning, check_torchdata):
             try:
                 check(report, tmp)
             except Exception as error:  # noqa: BLE001 - one framework's failure must not hide the others

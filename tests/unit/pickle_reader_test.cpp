@@ -749,7 +749,7 @@ TEST(PickleReader, RejectsGlobalsOutsideTheAllowlist) {
       {"subprocess", "Popen"},
       {"torch", "load"},
       {"torch", "Tensor"},
-      {"torch", "Size"},
+      {"torch", "Sizes"},
       {"torch", "device"},
       {"torch", "EvilStorage"},
       {"torch.cuda", "FloatStorage"},
@@ -906,7 +906,7 @@ TEST(PickleReader, RejectsCodecsEncodeMisuse) {
 TEST(PickleReader, RejectsNewobjOnOrderedDict) {
   PickleBuilder p;
   p.proto().global("collections", "OrderedDict").empty_tuple().op(op::NEWOBJ).stop();
-  EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_opcode_forbidden);
+  EXPECT_ERROR_CODE(read(p), ErrorCode::pickle_call_forbidden);
 }
 
 // ==== BUILD ====================================================================================
@@ -998,8 +998,8 @@ TEST(PickleReader, RejectsVmOnlyObjectsInsideValues) {
   PickleBuilder global_root;
   global_root.proto().global("torch", "FloatStorage").stop();
   EXPECT_ERROR_CODE(read(global_root), ErrorCode::pickle_type_invalid);
-  PickleBuilder raw_tuple_root;  // a tuple holding a dtype tag
-  raw_tuple_root.proto().global("torch", "float32").tuple1().stop();
+  PickleBuilder raw_tuple_root;  // a tuple holding a storage type tag
+  raw_tuple_root.proto().global("torch", "FloatStorage").tuple1().stop();
   EXPECT_ERROR_CODE(read(raw_tuple_root), ErrorCode::pickle_type_invalid);
 }
 
@@ -1009,7 +1009,7 @@ TEST(PickleReader, RejectsEveryOpcodeOutsideTheAllowlist) {
   const std::vector<std::uint8_t> forbidden = {
       op::DUP,   op::POP,       op::POP_MARK, op::LONG4,     op::EMPTY_SET,   op::ADDITEMS,       op::FROZENSET,
       op::DICT,  op::LIST,      op::STRING,   op::UNICODE,   op::FLOAT,       op::GET,            op::PUT,
-      op::INST,  op::OBJ,       op::EXT1,     op::EXT2,      op::EXT4,        op::PERSID,         op::NEWOBJ,
+      op::INST,  op::OBJ,       op::EXT1,     op::EXT2,      op::EXT4,        op::PERSID,
       op::NEWOBJ_EX, op::BINBYTES8, op::BYTEARRAY8, op::NEXT_BUFFER, op::READONLY_BUFFER, 0xff, 0x00, 'z'};
   for (std::uint8_t code : forbidden) {
     SCOPED_TRACE(std::string(op::name(code)) + " " + std::to_string(code));
@@ -2346,6 +2346,158 @@ TEST(PickleReader, RejectsMismatchedRebuildV3Arguments) {
   PickleBuilder v2_untyped;  // the untyped storage is v3's only
   v2_untyped.proto().tensor("UntypedStorage", "0", 4, 0, {1}, {1}).stop();
   EXPECT_ERROR_CODE(read(v2_untyped), ErrorCode::pickle_call_args_invalid);
+}
+
+// ==== record objects (torch.distributed.checkpoint's .metadata) ===============================
+
+constexpr std::string_view kDcp = "torch.distributed.checkpoint.metadata";
+constexpr std::string_view kDcpFilesystem = "torch.distributed.checkpoint.filesystem";
+
+// cls() by NEWOBJ, as pickle makes a dataclass.
+PickleBuilder& record(PickleBuilder& p, std::string_view module, std::string_view name) {
+  return p.global(module, name).empty_tuple().op(op::NEWOBJ);
+}
+
+// MetadataIndex(fqn, offset=torch.Size(offsets), index=0), built from a dict state.
+PickleBuilder& metadata_index(PickleBuilder& p, std::string_view fqn, std::initializer_list<std::int64_t> offsets) {
+  record(p, kDcp, "MetadataIndex").empty_dict().mark().str("fqn").str(fqn).str("index").integer(0).str("offset");
+  return p.global("torch", "Size").int_tuple(offsets).tuple1().reduce().setitems().build();
+}
+
+PickleBuilder& storage_info(PickleBuilder& p, std::string_view file, std::int64_t offset, std::int64_t length) {
+  record(p, kDcpFilesystem, "_StorageInfo").empty_dict().mark().str("relative_path").str(file);
+  return p.str("offset").integer(offset).str("length").integer(length).setitems().build();
+}
+
+// TensorProperties pickles a tuple: (dtype, layout, requires_grad, memory format code, pin_memory).
+PickleBuilder& tensor_properties(PickleBuilder& p, std::int64_t memory_format_code, std::size_t fields = 5) {
+  record(p, kDcp, "TensorProperties").mark().global("torch", "float16");
+  p.global("torch.serialization", "_get_layout").str("torch.strided").tuple1().reduce().boolean(true);
+  p.global(kDcp, "_MEM_FORMAT_ENCODING").integer(memory_format_code).tuple1().reduce();
+  if (fields == 5) p.boolean(false);
+  return p.tuple().build();
+}
+
+const Value& field(const Value& record, std::string_view name) { return record.as_dict().at(std::string(name)); }
+
+TEST(PickleReader, ReadsDcpRecordsAsDictsOfTheirFieldsUnderTheirClass) {
+  PickleBuilder p;
+  p.proto(4).empty_dict().mark().str("properties");
+  tensor_properties(p, 1);
+  p.str("bytes_item");
+  record(p, kDcp, "BytesStorageMetadata");  // no fields: pickle writes no BUILD
+  p.str("path").global("pathlib", "PosixPath").str("/runs").str("ck").tuple2().reduce();
+  p.str("dtype").global("torch", "bfloat16");
+  p.setitems().stop();
+  const Value root = read_value(p);
+  const Value& properties = field(root, "properties");
+  EXPECT_EQ(field(properties, "__class__").as_string(), "torch.distributed.checkpoint.metadata.TensorProperties");
+  EXPECT_EQ(field(properties, "dtype").as_string(), "torch.float16");
+  EXPECT_EQ(field(properties, "layout").as_string(), "torch.strided");
+  EXPECT_TRUE(field(properties, "requires_grad").as_bool());
+  EXPECT_EQ(field(properties, "memory_format").as_string(), "torch.channels_last");
+  EXPECT_FALSE(field(properties, "pin_memory").as_bool());
+  EXPECT_EQ(properties.as_dict().size(), 6u);
+  const Value& bytes_item = field(root, "bytes_item");
+  EXPECT_EQ(bytes_item.as_dict().size(), 1u);
+  EXPECT_EQ(field(bytes_item, "__class__").as_string(), "torch.distributed.checkpoint.metadata.BytesStorageMetadata");
+  EXPECT_EQ(field(root, "path").as_string(), "/runs/ck");
+  EXPECT_EQ(field(root, "dtype").as_string(), "torch.bfloat16");  // a dtype is a value, as weights_only admits
+}
+
+TEST(PickleReader, ReadsADictKeyedByRecordsAsAListOfPairs) {
+  PickleBuilder p;
+  p.proto(4).empty_dict().mark();
+  metadata_index(p, "w", {0, 2});
+  storage_info(p, "__0_0.distcp", 0, 9);
+  metadata_index(p, "w", {0, 4});
+  storage_info(p, "__1_0.distcp", 0, 7);
+  p.setitems().stop();
+  const Value root = read_value(p);
+  ASSERT_TRUE(root.is_list());
+  ASSERT_EQ(root.as_list().size(), 2u);
+  const Value& second = root.as_list()[1];
+  ASSERT_TRUE(second.is_tuple());
+  const Value& key = second.as_list()[0];
+  EXPECT_EQ(field(key, "__class__").as_string(), "torch.distributed.checkpoint.metadata.MetadataIndex");
+  EXPECT_EQ(field(key, "fqn").as_string(), "w");
+  EXPECT_EQ(field(key, "offset").as_list()[1].as_int(), 4);
+  const Value& info = second.as_list()[1];
+  EXPECT_EQ(field(info, "__class__").as_string(), "torch.distributed.checkpoint.filesystem._StorageInfo");
+  EXPECT_EQ(field(info, "relative_path").as_string(), "__1_0.distcp");
+  EXPECT_EQ(field(info, "length").as_int(), 7);
+}
+
+TEST(PickleReader, RejectsRecordsMadeOrBuiltOtherwiseThanPickleMakesThem) {
+  PickleBuilder with_args;  // cls.__new__(cls, 1)
+  with_args.proto(4).global(kDcp, "MetadataIndex").integer(1).tuple1().op(op::NEWOBJ).stop();
+  EXPECT_ERROR_CODE(read(with_args), ErrorCode::pickle_record_invalid);
+  PickleBuilder unknown_field;
+  record(unknown_field.proto(4), kDcp, "MetadataIndex").empty_dict().str("__reduce__").integer(1).setitem().build().stop();
+  EXPECT_ERROR_CODE(read(unknown_field), ErrorCode::pickle_record_invalid);
+  PickleBuilder twice;
+  record(twice.proto(4), kDcp, "StorageMeta").empty_dict().build().empty_dict().build().stop();
+  EXPECT_ERROR_CODE(read(twice), ErrorCode::pickle_record_invalid);
+  PickleBuilder short_tuple;
+  tensor_properties(short_tuple.proto(4), 0, 4).stop();
+  EXPECT_ERROR_CODE(read(short_tuple), ErrorCode::pickle_record_invalid);
+  PickleBuilder list_state;
+  record(list_state.proto(4), kDcp, "ChunkStorageMetadata").empty_list().build().stop();
+  EXPECT_ERROR_CODE(read(list_state), ErrorCode::pickle_record_invalid);
+  PickleBuilder dict_for_tuple;  // TensorProperties pickles a tuple, never a dict
+  record(dict_for_tuple.proto(4), kDcp, "TensorProperties").empty_dict().build().stop();
+  EXPECT_ERROR_CODE(read(dict_for_tuple), ErrorCode::pickle_record_invalid);
+}
+
+TEST(PickleReader, RejectsRecordsUsedAsAnythingButData) {
+  PickleBuilder called;  // a record class is made by NEWOBJ, never called
+  called.proto(4).global(kDcp, "Metadata").empty_tuple().reduce().stop();
+  EXPECT_ERROR_CODE(read(called), ErrorCode::pickle_call_forbidden);
+  PickleBuilder other_class;
+  other_class.proto(4).global(kDcp, "_version").empty_tuple().op(op::NEWOBJ).stop();
+  EXPECT_ERROR_CODE(read(other_class), ErrorCode::pickle_global_forbidden);
+  PickleBuilder setitem_on_record;
+  record(setitem_on_record.proto(4), kDcp, "StorageMeta").str("modules").none().setitem().stop();
+  EXPECT_ERROR_CODE(read(setitem_on_record), ErrorCode::pickle_setitem_target);
+  PickleBuilder shared;  // a record is mutable until built: fetching it again would allow cycles
+  record(shared.proto(4), kDcp, "StorageMeta").binput(0).empty_dict().str("modules").binget(0).setitem().build().stop();
+  EXPECT_ERROR_CODE(read(shared), ErrorCode::pickle_memo_mutable);
+}
+
+TEST(PickleReader, RejectsDictsThatMixRecordKeysWithOtherKeys) {
+  PickleBuilder record_after_str;
+  record_after_str.proto(4).empty_dict().str("a").none().setitem();
+  metadata_index(record_after_str, "w", {0});
+  record_after_str.none().setitem().stop();
+  EXPECT_ERROR_CODE(read(record_after_str), ErrorCode::pickle_dict_key_invalid);
+  PickleBuilder str_after_record;
+  metadata_index(str_after_record.proto(4).empty_dict(), "w", {0});
+  str_after_record.none().setitem().str("a").none().setitem().stop();
+  EXPECT_ERROR_CODE(read(str_after_record), ErrorCode::pickle_dict_key_invalid);
+  PickleBuilder append_to_pairs;  // the list of pairs is still a dict to the pickle
+  metadata_index(append_to_pairs.proto(4).empty_dict(), "w", {0});
+  append_to_pairs.none().setitem().integer(1).append().stop();
+  EXPECT_ERROR_CODE(read(append_to_pairs), ErrorCode::pickle_append_target);
+  PickleBuilder record_key_in_record;
+  record(record_key_in_record.proto(4), kDcp, "StorageMeta");
+  metadata_index(record_key_in_record, "w", {0});
+  record_key_in_record.none().setitem().stop();
+  EXPECT_ERROR_CODE(read(record_key_in_record), ErrorCode::pickle_setitem_target);
+}
+
+TEST(PickleReader, RejectsDcpHelpersCalledWithOtherArguments) {
+  PickleBuilder size_of_str;
+  size_of_str.proto(4).global("torch", "Size").mark().integer(1).str("2").tuple().tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(size_of_str), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder unknown_layout;
+  unknown_layout.proto(4).global("torch.serialization", "_get_layout").str("os.system").tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(unknown_layout), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder memory_format_3;
+  tensor_properties(memory_format_3.proto(4), 3).stop();
+  EXPECT_ERROR_CODE(read(memory_format_3), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder path_of_int;
+  path_of_int.proto(4).global("pathlib", "PosixPath").integer(1).tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(path_of_int), ErrorCode::pickle_call_args_invalid);
 }
 
 }  // namespace

@@ -104,10 +104,11 @@ namespace holdpoint {
   X(pickle_global_malformed, "GLOBAL's module or name is not a short dotted identifier")      \
   X(pickle_call_forbidden, "REDUCE applied to something that is not an allowed callable")     \
   X(pickle_call_args_invalid, "an allowed callable got arguments of the wrong shape or type")  \
-  X(pickle_build_forbidden, "BUILD on anything but an OrderedDict with a _metadata state")    \
+  X(pickle_build_forbidden, "BUILD on anything but an OrderedDict with a _metadata state, a NumPy value or a record object") \
+  X(pickle_record_invalid, "a record object (an allowlisted dataclass, docs/format.md) gets arguments, fields or a state its class does not have") \
   X(pickle_setitem_target, "SETITEM(S) on something that is not a dict")                      \
   X(pickle_append_target, "APPEND(S) on something that is not a list")                        \
-  X(pickle_dict_key_invalid, "a dict key is neither a string nor an integer")                 \
+  X(pickle_dict_key_invalid, "a dict key is neither a string, an integer nor a record object (in a dict of record keys only)") \
   X(pickle_duplicate_key, "a dict key occurs twice")                                          \
   X(pickle_container_limit, "more container elements than Limits::max_container_elements")    \
   X(pickle_expansion_limit, "shared references expand past Limits::max_expanded_nodes")       \
@@ -158,6 +159,11 @@ namespace holdpoint {
   X(safetensors_incomplete_buffer, "the data buffer does not end exactly at the end of the file") \
   X(safetensors_metadata_invalid, "__metadata__ is not an object of string values")           \
   X(safetensors_tensor_name_invalid, "a tensor name is empty or longer than Limits::max_string_bytes") \
+  /* torch.distributed.checkpoint folders (docs/python.md, "torch.distributed.checkpoint") */ \
+  X(dcp_metadata_invalid, "a DCP .metadata does not have the structure DCP writes (a field missing or mistyped, a chunk outside its tensor, chunks that do not tile it)") \
+  X(dcp_item_missing, "a DCP item has no storage_data entry, or its .distcp file is absent") \
+  X(dcp_range_invalid, "a DCP item's byte range lies outside its .distcp file, or its file name leaves the folder") \
+  X(dcp_transform_unsupported, "a DCP item was written through a stream transform (compression, ...) or a format holdpoint does not decode") \
   /* writers and conversion */                                                                \
   X(write_value_unsupported, "the value cannot be written in the chosen format or mode")      \
   X(write_storage_dtype_conflict, "one storage is referenced with two dtypes")                \

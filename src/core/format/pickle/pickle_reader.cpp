@@ -39,7 +39,9 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <iterator>
 #include <unordered_map>
+#include <unordered_set>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -73,12 +75,60 @@ enum class GlobalKind : std::uint8_t {
   numpy_ndarray,         // numpy.ndarray: only as _reconstruct's first argument
   numpy_dtype,           // numpy.dtype('f8', False, True), then BUILD
   numpy_scalar,          // multiarray.scalar(dtype, bytes)
+  // torch.distributed.checkpoint's .metadata, decoded as data (docs/format.md,
+  // "Record objects"):
+  record_class,          // a dataclass of kRecordClasses: NEWOBJ, then BUILD
+  torch_size,            // torch.Size((ints...)): a tuple of ints
+  torch_get_layout,      // torch.serialization._get_layout('torch.strided'): the name
+  memory_format_code,    // DCP's _MEM_FORMAT_ENCODING(n): the memory format's name
+  posix_path,            // pathlib.PosixPath(parts...): the joined path, a str
 };
+
+// The dataclasses read as record objects: a dict of their fields under
+// "__class__" = "module.Name". Only their own fields may be set, once, by one
+// BUILD: a dict of fields (any subset: dataclass defaults stand for the rest)
+// or, for a class that pickles a tuple (TensorProperties), exactly one value
+// per field.
+struct RecordClass {
+  std::string_view module;
+  std::string_view name;
+  std::array<std::string_view, 5> fields;
+  std::uint8_t field_count;
+  bool tuple_state;
+};
+constexpr std::string_view kDcpMetadata = "torch.distributed.checkpoint.metadata";
+constexpr RecordClass kRecordClasses[] = {
+    {kDcpMetadata, "Metadata", {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"}, 5,
+     false},
+    {kDcpMetadata, "TensorStorageMetadata", {"properties", "size", "chunks"}, 3, false},
+    {kDcpMetadata, "BytesStorageMetadata", {}, 0, false},
+    {kDcpMetadata, "ChunkStorageMetadata", {"offsets", "sizes"}, 2, false},
+    {kDcpMetadata, "TensorProperties", {"dtype", "layout", "requires_grad", "memory_format", "pin_memory"}, 5, true},
+    {kDcpMetadata, "MetadataIndex", {"fqn", "offset", "index"}, 3, false},
+    {kDcpMetadata, "StorageMeta", {"checkpoint_id", "save_id", "load_id", "modules"}, 4, false},
+    {"torch.distributed.checkpoint.filesystem", "_StorageInfo",
+     {"relative_path", "offset", "length", "transform_descriptors"}, 4, false},
+};
+constexpr std::string_view kRecordClassKey = "__class__";
+
+std::string record_class_name(std::uint8_t record) {
+  const RecordClass& cls = kRecordClasses[record];
+  return std::string(cls.module) + "." + std::string(cls.name);
+}
+
+// torch.layout names _get_layout accepts, and the memory formats
+// _MEM_FORMAT_ENCODING numbers (0, 1, 2), as torch writes them.
+constexpr std::string_view kLayoutNames[] = {"torch.strided",    "torch.sparse_coo", "torch.sparse_csr",
+                                             "torch.sparse_csc", "torch.sparse_bsr", "torch.sparse_bsc",
+                                             "torch._mkldnn",    "torch.jagged"};
+constexpr std::string_view kMemoryFormatNames[] = {"torch.contiguous_format", "torch.channels_last",
+                                                   "torch.preserve_format"};
 
 // Trivial (no member initializers) so that it can share a union in Item.
 struct GlobalRef {
   GlobalKind kind;
-  DType dtype;  // storage_type and dtype only
+  DType dtype;         // storage_type and dtype only
+  std::uint8_t record;  // record_class only: into kRecordClasses
 };
 
 // What a BINPERSID declared and resolved. The key views the pickle, or, once
@@ -177,7 +227,9 @@ Item global_item(GlobalRef global) {
   Item item;
   item.kind = ItemKind::global;
   item.global = global;
-  item.vm_only = true;
+  // A dtype is also a value (the str "torch.float32"), as torch's weights-only
+  // loader admits it; every other global is only a callable or a tag.
+  item.vm_only = global.kind != GlobalKind::dtype;
   return item;
 }
 
@@ -217,6 +269,11 @@ std::string global_name(const GlobalRef& global) {
     case GlobalKind::numpy_ndarray: return "numpy.ndarray";
     case GlobalKind::numpy_dtype: return "numpy.dtype";
     case GlobalKind::numpy_scalar: return "numpy._core.multiarray.scalar";
+    case GlobalKind::record_class: return record_class_name(global.record);
+    case GlobalKind::torch_size: return "torch.Size";
+    case GlobalKind::torch_get_layout: return "torch.serialization._get_layout";
+    case GlobalKind::memory_format_code: return std::string(kDcpMetadata) + "._MEM_FORMAT_ENCODING";
+    case GlobalKind::posix_path: return "pathlib.PosixPath";
   }
   return "unknown global";
 }
@@ -347,7 +404,7 @@ std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* 
       case op::MARK: case op::EMPTY_DICT: case op::EMPTY_LIST: case op::EMPTY_TUPLE: case op::TUPLE:
       case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: case op::SETITEM: case op::SETITEMS: case op::APPEND:
       case op::APPENDS: case op::NONE: case op::NEWTRUE: case op::NEWFALSE: case op::MEMOIZE:
-      case op::STACK_GLOBAL: case op::REDUCE: case op::BUILD: case op::BINPERSID:
+      case op::STACK_GLOBAL: case op::REDUCE: case op::BUILD: case op::BINPERSID: case op::NEWOBJ:
         break;
       case op::PROTO: case op::BININT1: case op::BINPUT: ok = skip(1); break;
       case op::BININT2: ok = skip(2); break;
@@ -580,6 +637,7 @@ class Machine {
   GlobalRef resolve_global(std::string_view module, std::string_view name) const;
   void do_reduce();
   void do_build();
+  void do_newobj();
   void do_binpersid();
   Item storage_item(GlobalRef type, std::string_view key_text, std::string_view location, std::int64_t numel);
   bool try_tensor_fast_path();
@@ -606,6 +664,23 @@ class Machine {
   Item reduce_numpy_dtype(const Item& args);
   Item reduce_numpy_reconstruct(const Item& args);
   Item reduce_numpy_scalar(const Item& args);
+  Item reduce_torch_size(const Item& args);
+  Item reduce_get_layout(const Item& args);
+  Item reduce_memory_format_code(const Item& args);
+  Item reduce_posix_path(const Item& args);
+  // Record objects (kRecordClasses): the dicts NEWOBJ made, by node, with
+  // their class and whether BUILD has set their fields; and the lists that
+  // stand for dicts keyed by records (a list of (key, value) tuples).
+  struct Record {
+    std::uint8_t cls;
+    bool built;
+  };
+  Record* record_of(const Item& item);
+  bool is_record_keyed(const Item& item) const {
+    return item.kind == ItemKind::value && record_keyed_.contains(values_[item.index].node_identity());
+  }
+  void build_record(Item& target, Record& record, const Item& state);
+  void set_record_keyed_item(Item& target, const Item& key, const Item& value);
   void build_numpy_dtype(const Item& target, const Item& state);
   Item build_numpy_array(const Item& state);
   DType numpy_element_type(const Item& dtype, std::string_view what) const;
@@ -682,6 +757,9 @@ class Machine {
   FingerprintSet dropped_keys_;
   std::unordered_map<const Dict*, Value> dicts_with_dropped_keys_;
   std::string fingerprint_input_;
+
+  std::unordered_map<const void*, Record> records_;
+  std::unordered_set<const void*> record_keyed_;
 
   std::uint64_t opcode_count_ = 0;
   std::uint64_t expanded_nodes_ = 0;
@@ -836,7 +914,7 @@ std::optional<ValueKind> Machine::value_kind(const Item& item) const {
     case ItemKind::tuple: return ValueKind::tuple;
     case ItemKind::empty_container: return item.container;
     case ItemKind::value: return values_[item.index].kind();
-    case ItemKind::global:
+    case ItemKind::global: return ValueKind::string;  // a dtype: the only global that is not vm_only
     case ItemKind::storage:
     case ItemKind::numpy_dtype:
     case ItemKind::numpy_array: break;
@@ -889,6 +967,8 @@ Value Machine::take_value(const Item& item, std::string_view role) {
     case ItemKind::empty_container: return empty_container(item.container);
     case ItemKind::value: return values_[item.index];
     case ItemKind::global:
+      if (!item.vm_only) return Value::string(global_name(item.global));
+      break;
     case ItemKind::storage:
     case ItemKind::numpy_dtype:
     case ItemKind::numpy_array: break;
@@ -1050,8 +1130,9 @@ void Machine::do_append(bool from_mark) {
     first = stack_.size() - 1;
   }
   Item& target = stack_[first - 1];
-  if (value_kind(target) != ValueKind::list) {
-    error(ErrorCode::pickle_append_target, "the target is a ", describe(target), ", not a list");
+  if (value_kind(target) != ValueKind::list || is_record_keyed(target)) {
+    error(ErrorCode::pickle_append_target, "the target is a ",
+          is_record_keyed(target) ? "dict keyed by records" : describe(target), ", not a list");
   }
   count_elements(stack_.size() - first);
   if (first == stack_.size()) return;
@@ -1064,6 +1145,14 @@ void Machine::do_append(bool from_mark) {
 }
 
 void Machine::set_item(Item& target, const Item& key, const Item& value) {
+  if (is_record_keyed(target) || (key.kind == ItemKind::value && records_.contains(values_[key.index].node_identity()))) {
+    set_record_keyed_item(target, key, value);
+    return;
+  }
+  if (record_of(target)) {
+    error(ErrorCode::pickle_setitem_target, "the target is a ", record_class_name(record_of(target)->cls),
+          " record, whose fields only BUILD sets");
+  }
   const auto target_kind = value_kind(target);
   if (target_kind != ValueKind::dict && target_kind != ValueKind::ordered_dict) {
     error(ErrorCode::pickle_setitem_target, "the target is a ", describe(target), ", not a dict");
@@ -1237,26 +1326,37 @@ void Machine::compact_arenas() {
 // needed only on the way to a rejection, where it picks the error.
 GlobalRef Machine::resolve_global(std::string_view module, std::string_view name) const {
   constexpr DType kNoDType = DType::uint8;
-  if (module == "collections" && name == "OrderedDict") return {GlobalKind::ordered_dict, kNoDType};
-  if (module == "collections" && name == "Counter") return {GlobalKind::counter, kNoDType};
+  if (module == "collections" && name == "OrderedDict") return {GlobalKind::ordered_dict, kNoDType, 0};
+  if (module == "collections" && name == "Counter") return {GlobalKind::counter, kNoDType, 0};
   if (module == "torch._utils") {
-    if (name == "_rebuild_tensor_v2") return {GlobalKind::rebuild_tensor_v2, kNoDType};
-    if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3, kNoDType};
-    if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType};
+    if (name == "_rebuild_tensor_v2") return {GlobalKind::rebuild_tensor_v2, kNoDType, 0};
+    if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3, kNoDType, 0};
+    if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType, 0};
   }
-  if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType};
+  if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType, 0};
   if (module == "numpy._core.multiarray" || module == "numpy.core.multiarray") {
-    if (name == "_reconstruct") return {GlobalKind::numpy_reconstruct, kNoDType};
-    if (name == "scalar") return {GlobalKind::numpy_scalar, kNoDType};
+    if (name == "_reconstruct") return {GlobalKind::numpy_reconstruct, kNoDType, 0};
+    if (name == "scalar") return {GlobalKind::numpy_scalar, kNoDType, 0};
   }
-  if (module == "numpy" && name == "ndarray") return {GlobalKind::numpy_ndarray, kNoDType};
-  if (module == "numpy" && name == "dtype") return {GlobalKind::numpy_dtype, kNoDType};
+  if (module == "numpy" && name == "ndarray") return {GlobalKind::numpy_ndarray, kNoDType, 0};
+  if (module == "numpy" && name == "dtype") return {GlobalKind::numpy_dtype, kNoDType, 0};
+  for (std::size_t i = 0; i < std::size(kRecordClasses); ++i) {
+    if (module == kRecordClasses[i].module && name == kRecordClasses[i].name) {
+      return {GlobalKind::record_class, kNoDType, static_cast<std::uint8_t>(i)};
+    }
+  }
+  if (module == kDcpMetadata && name == "_MEM_FORMAT_ENCODING") return {GlobalKind::memory_format_code, kNoDType, 0};
+  if (module == "torch" && name == "Size") return {GlobalKind::torch_size, kNoDType, 0};
+  if (module == "torch.serialization" && name == "_get_layout") return {GlobalKind::torch_get_layout, kNoDType, 0};
+  if ((module == "pathlib" && (name == "PosixPath" || name == "PurePosixPath"))) {
+    return {GlobalKind::posix_path, kNoDType, 0};
+  }
   if ((module == "torch" || module == "torch.storage") && name == "UntypedStorage") {
-    return {GlobalKind::untyped_storage_type, kNoDType};
+    return {GlobalKind::untyped_storage_type, kNoDType, 0};
   }
   if (module == "torch") {
-    if (const auto dtype = dtype_from_storage_class(name)) return {GlobalKind::storage_type, *dtype};
-    if (const auto dtype = dtype_from_name(name); dtype && dtype_in_torch(*dtype)) return {GlobalKind::dtype, *dtype};
+    if (const auto dtype = dtype_from_storage_class(name)) return {GlobalKind::storage_type, *dtype, 0};
+    if (const auto dtype = dtype_from_name(name); dtype && dtype_in_torch(*dtype)) return {GlobalKind::dtype, *dtype, 0};
   }
   if (!is_identifier_path(module) || !is_identifier_path(name)) {
     error(ErrorCode::pickle_global_malformed, "'", printable(module), "' '", printable(name),
@@ -1471,6 +1571,13 @@ void Machine::do_reduce() {
     case GlobalKind::numpy_dtype: push(reduce_numpy_dtype(args)); return;
     case GlobalKind::numpy_reconstruct: push(reduce_numpy_reconstruct(args)); return;
     case GlobalKind::numpy_scalar: push(reduce_numpy_scalar(args)); return;
+    case GlobalKind::torch_size: push(reduce_torch_size(args)); return;
+    case GlobalKind::torch_get_layout: push(reduce_get_layout(args)); return;
+    case GlobalKind::memory_format_code: push(reduce_memory_format_code(args)); return;
+    case GlobalKind::posix_path: push(reduce_posix_path(args)); return;
+    case GlobalKind::record_class:
+      error(ErrorCode::pickle_call_forbidden, global_name(callable.global),
+            " is a record class: made by NEWOBJ and BUILD, never called");
     case GlobalKind::storage_type:
     case GlobalKind::untyped_storage_type:
     case GlobalKind::numpy_ndarray:
@@ -1999,6 +2106,158 @@ Item Machine::reduce_numpy_scalar(const Item& args) {
         " scalar has no plain Python value (complex scalars are not read)");
 }
 
+// ---- record objects ----------------------------------------------------------------------
+
+// NEWOBJ (cls, args): cls.__new__(cls, *args), which is how pickle makes a
+// dataclass (copyreg.__newobj__ with no arguments). Only a record class.
+void Machine::do_newobj() {
+  require(2);
+  const Item args = pop();
+  const Item cls = pop();
+  if (cls.kind != ItemKind::global || cls.global.kind != GlobalKind::record_class) {
+    error(ErrorCode::pickle_call_forbidden, "NEWOBJ of a ", describe(cls),
+          "; only the record classes of docs/format.md are made");
+  }
+  const std::string name = record_class_name(cls.global.record);
+  if (args.kind != ItemKind::tuple || tuple_size(args) != 0) {
+    error(ErrorCode::pickle_record_invalid, name, " takes no arguments, not a ", describe(args),
+          args.kind == ItemKind::tuple ? " of " + std::to_string(tuple_size(args)) : std::string());
+  }
+  count_elements(1);
+  Dict fields;
+  fields.insert(DictKey(std::string(kRecordClassKey)), Value::string(name));
+  Item item = value_item(Value::dict(std::move(fields)));
+  item.depth = 1;
+  item.nodes = 2;
+  item.holds_mutable = true;
+  records_.emplace(values_[item.index].node_identity(), Record{cls.global.record, false});
+  push(item);
+}
+
+Machine::Record* Machine::record_of(const Item& item) {
+  if (item.kind != ItemKind::value || !values_[item.index].is_dict()) return nullptr;
+  const auto found = records_.find(values_[item.index].node_identity());
+  return found == records_.end() ? nullptr : &found->second;
+}
+
+// BUILD on a record: its fields, once. A dict names any of them (dataclass
+// defaults stand for the rest); a class that pickles a tuple gives all of
+// them in order.
+void Machine::build_record(Item& target, Record& record, const Item& state) {
+  const RecordClass& cls = kRecordClasses[record.cls];
+  const std::string name = record_class_name(record.cls);
+  if (record.built) error(ErrorCode::pickle_record_invalid, name, " is built twice");
+  if (state.vm_only) error(ErrorCode::pickle_record_invalid, "the state of ", name, " is a ", describe(state));
+  const Value fields = take_value(state, "a record's state");
+  record.built = true;
+  add_child(target, state);
+  const auto fields_named = std::span(cls.fields.data(), cls.field_count);
+  if (cls.tuple_state) {
+    if (!fields.is_tuple() || fields.as_list().size() != cls.field_count) {
+      error(ErrorCode::pickle_record_invalid, name, " takes a tuple of ", int{cls.field_count},
+            " values as its state, not a ", value_kind_name(fields.kind()),
+            fields.is_sequence() ? " of " + std::to_string(fields.as_list().size()) : std::string());
+    }
+    count_elements(cls.field_count);
+    Dict& out = make_mutable(target).mutable_dict();
+    for (std::size_t i = 0; i < cls.field_count; ++i) out.insert(DictKey(std::string(fields_named[i])), fields.as_list()[i]);
+    return;
+  }
+  if (fields.kind() != ValueKind::dict) {
+    error(ErrorCode::pickle_record_invalid, name, " takes a dict of its fields as its state, not a ",
+          value_kind_name(fields.kind()));
+  }
+  count_elements(fields.as_dict().size());
+  Dict& out = make_mutable(target).mutable_dict();
+  for (const auto& [key, value] : fields.as_dict()) {
+    if (!key.is_string() || std::find(fields_named.begin(), fields_named.end(), key.as_string()) == fields_named.end()) {
+      error(ErrorCode::pickle_record_invalid, name, " has no field ", printable(key.to_string()));
+    }
+    out.insert(key, value);
+  }
+}
+
+// A dict keyed by records (DCP's storage_data, keyed by MetadataIndex) is
+// read as a list of (key, value) tuples, since a Value's dict keys are str or
+// int. Its keys are all records: the first one turns the empty dict into the
+// list, which then takes nothing else.
+void Machine::set_record_keyed_item(Item& target, const Item& key, const Item& value) {
+  if (!is_record_keyed(target)) {
+    const auto kind = value_kind(target);
+    if (kind != ValueKind::dict || record_of(target)) {
+      error(ErrorCode::pickle_setitem_target, "the target is a ",
+            record_of(target) ? record_class_name(record_of(target)->cls) + " record" : describe(target),
+            ", not a dict");
+    }
+    if (!is_empty_dict(target)) {
+      error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key),
+            " key in a dict that has str or int keys; a dict's keys are all str or int, or all records");
+    }
+    Value& container = make_mutable(target);
+    container = Value::list();
+    record_keyed_.insert(container.node_identity());
+  }
+  if (key.kind != ItemKind::value || !records_.contains(values_[key.index].node_identity())) {
+    error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key), " key in a dict keyed by records");
+  }
+  count_elements(1);
+  add_child(target, key);
+  add_child(target, value);
+  Value pair = Value::tuple({take_value(key, "a dict key"), take_element(value, "a dict value")});
+  make_mutable(target).mutable_list().push_back(std::move(pair));
+}
+
+// torch.Size((n, ...)): the tuple of ints itself.
+Item Machine::reduce_torch_size(const Item& args) {
+  if (tuple_size(args) != 1 || element(args, 0).kind != ItemKind::tuple) {
+    error(ErrorCode::pickle_call_args_invalid, "torch.Size takes one tuple of ints");
+  }
+  const Item& sizes = element(args, 0);
+  for (std::size_t i = 0; i < tuple_size(sizes); ++i) {
+    if (element(sizes, i).kind != ItemKind::integer) {
+      error(ErrorCode::pickle_call_args_invalid, "torch.Size element ", i, " is a ", describe(element(sizes, i)),
+            ", not an int");
+    }
+  }
+  return sizes;
+}
+
+// torch.serialization._get_layout('torch.strided'): the layout's name.
+Item Machine::reduce_get_layout(const Item& args) {
+  const bool named = tuple_size(args) == 1 && element(args, 0).kind == ItemKind::text &&
+                     std::find(std::begin(kLayoutNames), std::end(kLayoutNames), text(element(args, 0))) !=
+                         std::end(kLayoutNames);
+  if (!named) error(ErrorCode::pickle_call_args_invalid, "_get_layout takes one torch layout name, as 'torch.strided'");
+  return element(args, 0);
+}
+
+// DCP's _MEM_FORMAT_ENCODING(n), n in 0..2: the memory format's name.
+Item Machine::reduce_memory_format_code(const Item& args) {
+  const bool coded = tuple_size(args) == 1 && element(args, 0).kind == ItemKind::integer &&
+                     element(args, 0).integer >= 0 &&
+                     element(args, 0).integer < static_cast<std::int64_t>(std::size(kMemoryFormatNames));
+  if (!coded) error(ErrorCode::pickle_call_args_invalid, "_MEM_FORMAT_ENCODING takes one int in 0..2");
+  return text_item(ItemKind::text, kMemoryFormatNames[element(args, 0).integer]);
+}
+
+// pathlib.PosixPath('a', 'b'): the joined path, as a str ("a/b").
+Item Machine::reduce_posix_path(const Item& args) {
+  std::string joined;
+  for (std::size_t i = 0; i < tuple_size(args); ++i) {
+    if (element(args, i).kind != ItemKind::text) {
+      error(ErrorCode::pickle_call_args_invalid, "PosixPath takes str parts, not a ", describe(element(args, i)));
+    }
+    const std::string_view part = text(element(args, i));
+    if (part.starts_with('/')) joined.clear();
+    else if (!joined.empty() && !joined.ends_with('/')) joined += '/';
+    joined += part;
+    if (joined.size() > limits_.max_string_bytes) {
+      error(ErrorCode::pickle_string_too_long, "a path longer than max_string_bytes ", limits_.max_string_bytes);
+    }
+  }
+  return value_item(Value::string(joined.empty() ? "." : std::move(joined)));
+}
+
 void Machine::do_build() {
   require(2);
   const Item state = pop();
@@ -2009,6 +2268,10 @@ void Machine::do_build() {
   }
   if (target.kind == ItemKind::numpy_array) {
     target = build_numpy_array(state);
+    return;
+  }
+  if (Record* record = record_of(target)) {
+    build_record(target, *record, state);
     return;
   }
   if (value_kind(target) != ValueKind::ordered_dict) {
@@ -2131,16 +2394,16 @@ bool Machine::try_tensor_fast_path() {
     switch (kind) {
       case GlobalKind::rebuild_tensor_v2:
         if (module != "torch._utils" || name != "_rebuild_tensor_v2") return false;
-        out = {kind, kNoDType};
+        out = {kind, kNoDType, 0};
         break;
       case GlobalKind::ordered_dict:
         if (module != "collections" || name != "OrderedDict") return false;
-        out = {kind, kNoDType};
+        out = {kind, kNoDType, 0};
         break;
       case GlobalKind::storage_type: {
         const auto dtype = module == "torch" ? dtype_from_storage_class(name) : std::nullopt;
         if (!dtype) return false;
-        out = {kind, *dtype};
+        out = {kind, *dtype, 0};
         break;
       }
       default: return false;
@@ -2397,6 +2660,7 @@ PickleResult Machine::run() {
       case op::STACK_GLOBAL: do_stack_global(); break;
       case op::REDUCE: do_reduce(); break;
       case op::BUILD: do_build(); break;
+      case op::NEWOBJ: do_newobj(); break;
       case op::BINPERSID: do_binpersid(); break;
       default: {
         constexpr char kHex[] = "0123456789abcdef";
