@@ -33,7 +33,6 @@ PROFILES = ("cpu-basic-v1", "cpu-shuffled-singleworker-v1", "cuda-single-device-
 _APPLY_RANK = {"model": 0, "scheduler": 1, "optimizer": 2, "scaler": 3, "progress": 4, "early_stop": 5,
                "history": 6, "sampler": 1000, "rng": 1001}
 
-_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 def _state_error(code: str, detail: str) -> Error:
@@ -241,26 +240,6 @@ class RandomSampler(_Sampler):
 
 # ---- generators ------------------------------------------------------------------------------
 
-def _encode_big_ints(value: Any) -> Any:
-    """A NumPy bit generator's state may hold ints beyond 64 bits (PCG64's 128-bit
-    state): those are stored as {"int": "<decimal>"}."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
-        return {"int": str(value)}
-    if isinstance(value, dict):
-        return {k: _encode_big_ints(v) for k, v in value.items()}
-    return value
-
-
-def _decode_big_ints(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"int"} and isinstance(value["int"], str):
-            return int(value["int"])
-        return {k: _decode_big_ints(v) for k, v in value.items()}
-    return value
-
-
 def _numpy_array(value: Any):
     import numpy
 
@@ -301,7 +280,7 @@ class _Source:
             return g.getstate()
         if self.kind == "numpy.random.RandomState":
             return g.get_state(legacy=True) if hasattr(g, "get_state") else None
-        return _encode_big_ints(g.bit_generator.state)
+        return g.bit_generator.state  # PCG64 holds 128-bit ints: pickled as LONG1, read back as ints
 
     def _restored(self, state: Any) -> Any:
         """A generator of the same kind holding `state` (raises if it cannot)."""
@@ -327,13 +306,12 @@ class _Source:
                         float(cached))
             numpy.random.RandomState().set_state(restored)
             return restored
-        decoded = _decode_big_ints(state)
-        if not isinstance(decoded, dict) or "bit_generator" not in decoded:
+        if not isinstance(state, dict) or "bit_generator" not in state:
             raise ValueError("not a bit generator state")
-        name = decoded["bit_generator"]
+        name = state["bit_generator"]
         if name != type(self.generator.bit_generator).__name__:
             raise ValueError(f"a {name} state for a {type(self.generator.bit_generator).__name__} generator")
-        decoded = {k: (_numpy_array(v).copy() if _is_tensor(v) else v) for k, v in decoded.items()}
+        decoded = {k: (_numpy_array(v).copy() if _is_tensor(v) else v) for k, v in state.items()}
         type(self.generator.bit_generator)().state = decoded
         return decoded
 

@@ -144,6 +144,10 @@ class ToPython {
       case ValueKind::none: return py::none();
       case ValueKind::boolean: return py::bool_(value.as_bool());
       case ValueKind::integer: return py::int_(value.as_int());
+      case ValueKind::big_integer: {
+        static py::object* from_bytes = new py::object(py::module_::import("builtins").attr("int").attr("from_bytes"));
+        return (*from_bytes)(py::bytes(std::string(value.as_big_integer())), "little", py::arg("signed") = true);
+      }
       case ValueKind::floating: return py::float_(value.as_double());
       case ValueKind::string: return py::str(value.as_string());
       case ValueKind::bytes: return py::bytes(value.as_bytes());
@@ -233,8 +237,14 @@ class FromPython {
       try {
         return Value::integer(object.cast<std::int64_t>());
       } catch (const py::cast_error&) {
-        throw Error(ErrorCode::write_value_unsupported, "save: the int " + std::string(py::str(object)) +
-                                                            " does not fit in 64 bits");
+        // Beyond int64: its two's-complement bytes, as pickle's LONG1 holds them (at most 255).
+        const auto length = (object.attr("bit_length")().cast<std::size_t>() + 8) / 8;
+        if (length > 255) {
+          throw Error(ErrorCode::write_value_unsupported, "save: an int of " + std::to_string(length) +
+                                                              " bytes; pickle's LONG1 holds at most 255");
+        }
+        const auto bytes = object.attr("to_bytes")(length, "little", py::arg("signed") = true).cast<std::string>();
+        return Value::integer_of_bytes(bytes);
       }
     }
     if (py::isinstance<py::float_>(object)) return Value::floating(object.cast<double>());

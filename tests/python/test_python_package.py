@@ -6,6 +6,8 @@
   OrderedDict and _metadata survive; tensors='numpy' gives the same as NumPy;
 - NumPy and Python RNG states (a Trainer's rng_state.pth, which the weights-only
   loader refuses) are read as data, and restoring them gives the same next draws;
+  ints beyond int64 (a NumPy Generator's PCG64 state) are read and written as Python
+  ints;
 - save: atomic, a sidecar that matches, torch.load(weights_only=True) reads it back
   equal; unsupported values refused with their code and nothing left on disk;
 - refusals: every rejected file of tests/corpus with its code, digest mismatches,
@@ -182,6 +184,32 @@ def check_rng_states(report, tmp):
     expect_error(report, "a NumPy object array", "numpy_dtype_unsupported", lambda: holdpoint.load(objects_path))
 
 
+def check_big_integers(report, tmp):
+    # Python ints are unbounded and the weights-only loader reads them all: a NumPy
+    # Generator's PCG64 state holds 128-bit ints, a 64-bit unsigned seed needs 65 bits.
+    generator = np.random.default_rng(2024)
+    generator.random(3)
+    values = {"pcg64": generator.bit_generator.state, "seed": 2**64 - 1, "negative": -2**100, "edge": -2**63,
+              "beyond": 2**63, "list": [2**200, -(2**200)]}
+    path = os.path.join(tmp, "big_ints.pt")
+    torch.save(values, path)
+    want = torch.load(path, weights_only=True)
+    got = holdpoint.load(path)
+    compare_trees(report, "ints beyond int64", got, want)
+    report.check(type(got["edge"]) is int and got["edge"] == -2**63, "int64's minimum stays an int")
+    draws = generator.random(4).tolist()
+    resumed = np.random.default_rng()
+    resumed.bit_generator.state = got["pcg64"]
+    report.check(resumed.random(4).tolist() == draws, "a NumPy Generator restored from holdpoint's state draws alike")
+    # Written back by holdpoint.save, torch's weights-only loader reads them equal.
+    saved = os.path.join(tmp, "big_ints_saved.pt")
+    holdpoint.save(saved, values)
+    compare_trees(report, "ints beyond int64 saved by holdpoint", torch.load(saved, weights_only=True), want)
+    expect_error(report, "an int beyond pickle's LONG1 (255 bytes)", "write_value_unsupported",
+                 lambda: holdpoint.save(os.path.join(tmp, "huge_int.pt"), {"huge": 2**2100}))
+    report.check(not os.path.exists(os.path.join(tmp, "huge_int.pt")), "a refused save leaves no file")
+
+
 def check_save(report, tmp):
     state = training_checkpoint()
     path = os.path.join(tmp, "saved.pt")
@@ -220,7 +248,7 @@ def check_save(report, tmp):
         ("a set", {"x": {1, 2}}, "write_value_unsupported"),
         ("an object", {"x": object()}, "write_value_unsupported"),
         ("a float key", {1.5: 1}, "write_value_unsupported"),
-        ("an int past 64 bits", {"x": 2**64}, "write_value_unsupported"),
+        ("an int past pickle's 255-byte LONG1", {"x": 2**2100}, "write_value_unsupported"),
         ("a sparse tensor", {"x": torch.eye(2).to_sparse()}, "write_value_unsupported"),
         ("a NumPy string array", {"x": np.array(["a"])}, "write_value_unsupported"),
     ]:
@@ -475,6 +503,7 @@ def main():
     try:
         check_load_matches_torch(report, tmp)
         check_rng_states(report, tmp)
+        check_big_integers(report, tmp)
         check_save(report, tmp)
         check_corpus(report)
         check_lifetime(report, tmp)

@@ -32,6 +32,7 @@ inline bool reads_as_dropped(const Value& dropped, const Value& full, bool root 
     }
     case ValueKind::string: return dropped.as_string() == full.as_string();
     case ValueKind::bytes: return dropped.as_bytes() == full.as_bytes();
+    case ValueKind::big_integer: return dropped.as_big_integer() == full.as_big_integer();
     case ValueKind::list:
     case ValueKind::tuple: {
       const auto& a = dropped.as_list();

@@ -2,6 +2,7 @@
 // every rejection of the format reference §7.4 ("Pickle", "Persistent id",
 // "Tensor geometry") with its own error code.
 #include "format/pickle/pickle_reader.h"
+#include "format/pickle/pickle_writer.h"
 
 #include <gtest/gtest.h>
 
@@ -1153,6 +1154,7 @@ void render(const Value& value, std::string& out, std::unordered_map<const void*
     case ValueKind::floating: out += std::to_string(value.as_double()); break;
     case ValueKind::string: out += value.as_string(); break;
     case ValueKind::bytes: out += std::string(value.as_bytes()); break;
+    case ValueKind::big_integer: out += big_integer_decimal(value.as_big_integer()); break;
     case ValueKind::list:
     case ValueKind::tuple:
       out += "[";
@@ -1938,13 +1940,31 @@ TEST(PickleReader, RejectsInvalidUtf8) {
   EXPECT_NO_THROW(read(valid));
 }
 
-TEST(PickleReader, RejectsIntegersOutsideInt64AndMalformedText) {
-  PickleBuilder long1_255;  // 1.13 loads it
-  long1_255.proto().op(op::LONG1).u8(255).repeat(0x7f, 255).stop();
-  EXPECT_ERROR_CODE(read(long1_255), ErrorCode::pickle_int_invalid);
+TEST(PickleReader, ReadsLong1IntegersBeyondInt64AsBigIntegers) {
   PickleBuilder long1_9;  // 2^63 needs 9 bytes
   long1_9.proto().op(op::LONG1).u8(9).le(std::uint64_t{1} << 63, 8).u8(0).stop();
-  EXPECT_ERROR_CODE(read(long1_9), ErrorCode::pickle_int_invalid);
+  const Value two_63 = read_value(long1_9);
+  ASSERT_TRUE(two_63.is_big_int());
+  EXPECT_EQ(big_integer_decimal(two_63.as_big_integer()), "9223372036854775808");
+  PickleBuilder pcg_state;  // -(2^127) and 2^128 - 1, as a PCG64 state may hold
+  pcg_state.proto().op(op::LONG1).u8(16).repeat(0x00, 15).u8(0x80);
+  pcg_state.op(op::LONG1).u8(17).repeat(0xff, 16).u8(0x00).tuple2().stop();
+  const Value pair = read_value(pcg_state);
+  EXPECT_EQ(big_integer_decimal(pair.as_list()[0].as_big_integer()), "-170141183460469231731687303715884105728");
+  EXPECT_EQ(big_integer_decimal(pair.as_list()[1].as_big_integer()), "340282366920938463463374607431768211455");
+  PickleBuilder padded;  // sign-extension bytes beyond what the value needs: an ordinary int
+  padded.proto().op(op::LONG1).u8(12).le(static_cast<std::uint64_t>(-5), 8).repeat(0xff, 4).stop();
+  EXPECT_EQ(read_value(padded).as_int(), -5);
+  PickleBuilder long1_255;  // the longest LONG1 (torch 1.13 loads it too)
+  long1_255.proto().op(op::LONG1).u8(255).repeat(0x7f, 255).stop();
+  EXPECT_EQ(read_value(long1_255).as_big_integer().size(), 255u);
+  // The writer writes them back as LONG1, and they read again equal.
+  const PickleWriteResult written = write_pickle(pair);
+  MemoryStorages storages;
+  EXPECT_TRUE(equal_content(read_pickle(written.pickle, storages, {}).root, pair));
+}
+
+TEST(PickleReader, RejectsIntegerTextOutsideInt64AndMalformedText) {
   const std::vector<std::string> bad_int_lines = {"+5", " 5", "05", "-0", "1_0", "", "-",
                                                   "9223372036854775808", "99999999999999999999", "0x10"};
   for (const std::string& line : bad_int_lines) {

@@ -58,6 +58,7 @@ class StructureText {
       }
       case ValueKind::string: out_ << value.as_string().size() << ':' << value.as_string(); break;
       case ValueKind::bytes: out_ << value.as_bytes().size() << ':' << value.as_bytes(); break;
+      case ValueKind::big_integer: out_ << big_integer_decimal(value.as_big_integer()); break;
       case ValueKind::list:
       case ValueKind::tuple:
         for (const Value& item : value.as_list()) write(item);

@@ -31,6 +31,7 @@ class Encoder {
       case ValueKind::none: return nullptr;
       case ValueKind::boolean: return value.as_bool();
       case ValueKind::integer: return ordered_json{{"int", std::to_string(value.as_int())}};
+      case ValueKind::big_integer: return ordered_json{{"int", big_integer_decimal(value.as_big_integer())}};
       case ValueKind::floating: {
         const double v = value.as_double();
         std::uint64_t bits;

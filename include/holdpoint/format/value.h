@@ -1,8 +1,8 @@
 // Value: the validated, bounded mapping a checkpoint decodes to.
 //
-// A Value is one of None, bool, int64, double, str, bytes, list, tuple, dict,
-// ordered dict or tensor: exactly what a weights-only PyTorch checkpoint can
-// hold. Dict keys are strings or integers and keep insertion order (as Python
+// A Value is one of None, bool, int64, a larger int, double, str, bytes, list,
+// tuple, dict, ordered dict or tensor: exactly what a weights-only PyTorch
+// checkpoint can hold. Dict keys are strings or integers and keep insertion order (as Python
 // dicts do).
 //
 // Sharing: containers, strings and tensors are held by shared pointer, so
@@ -219,9 +219,17 @@ enum class ValueKind : std::uint8_t {
   dict,
   ordered_dict,
   tensor,
+  // An int outside int64, as Python's unbounded ints allow (a NumPy
+  // Generator's 128-bit PCG64 state, a 64-bit unsigned seed): kept as the
+  // shortest two's-complement little-endian bytes, the payload of pickle's
+  // LONG1 (at most 255 bytes). Ints that fit int64 are always `integer`.
+  big_integer,
 };
 
 std::string_view value_kind_name(ValueKind kind) noexcept;
+
+// The decimal text of a big_integer's bytes ("-340282366920938463463374607431768211456").
+std::string big_integer_decimal(std::string_view little_endian);
 
 class Value;
 
@@ -306,6 +314,9 @@ class Value {
   static Value none() { return Value(); }
   static Value boolean(bool v);
   static Value integer(std::int64_t v);
+  // An int given as two's-complement little-endian bytes (1 to 255): an
+  // `integer` when it fits int64, else a big_integer of the shortest bytes.
+  static Value integer_of_bytes(std::string_view little_endian);
   static Value floating(double v);
   static Value string(std::string v);
   static Value bytes(std::string v);
@@ -320,6 +331,7 @@ class Value {
   bool is_none() const noexcept { return kind_ == ValueKind::none; }
   bool is_bool() const noexcept { return kind_ == ValueKind::boolean; }
   bool is_int() const noexcept { return kind_ == ValueKind::integer; }
+  bool is_big_int() const noexcept { return kind_ == ValueKind::big_integer; }
   bool is_double() const noexcept { return kind_ == ValueKind::floating; }
   bool is_string() const noexcept { return kind_ == ValueKind::string; }
   bool is_bytes() const noexcept { return kind_ == ValueKind::bytes; }
@@ -339,6 +351,8 @@ class Value {
   double as_number() const;
   const std::string& as_string() const;
   std::string_view as_bytes() const;
+  // A big_integer's shortest two's-complement little-endian bytes.
+  std::string_view as_big_integer() const;
   const List& as_list() const;  // list or tuple
   const Dict& as_dict() const;  // dict or ordered dict
   const TensorData& as_tensor() const;

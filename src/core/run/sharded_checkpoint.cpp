@@ -104,6 +104,7 @@ void fingerprint_value(Sha256& hasher, const Value& value, const StorageTable& t
     }
     case ValueKind::string: text(value.as_string()); return;
     case ValueKind::bytes: text(value.as_bytes()); return;
+    case ValueKind::big_integer: text(value.as_big_integer()); return;
     default: return;
   }
 }

@@ -59,6 +59,7 @@ void append_canonical(std::string& out, const Value& value, const std::string& p
     case ValueKind::none: out += "null"; return;
     case ValueKind::boolean: out += value.as_bool() ? "true" : "false"; return;
     case ValueKind::integer: out += std::to_string(value.as_int()); return;
+    case ValueKind::big_integer: out += big_integer_decimal(value.as_big_integer()); return;  // as json.dumps writes it
     case ValueKind::floating: out += python_float_repr(value.as_double()); return;
     case ValueKind::string: append_json_string(out, value.as_string()); return;
     case ValueKind::list:

@@ -392,6 +392,7 @@ class DigestEncoder {
       }
       case ValueKind::string: tag('s'); text(value.as_string()); return;
       case ValueKind::bytes: tag('b'); text(value.as_bytes()); return;
+      case ValueKind::big_integer: tag('I'); text(value.as_big_integer()); return;
       case ValueKind::list:
       case ValueKind::tuple:
         tag(value.is_list() ? 'l' : 't');

@@ -215,6 +215,9 @@ class StateWalker {
       case ValueKind::bytes:
         exact_text(std::string(expected.as_bytes()), std::string(actual.as_bytes()), here);
         return;
+      case ValueKind::big_integer:
+        exact_text(big_integer_decimal(expected.as_big_integer()), big_integer_decimal(actual.as_big_integer()), here);
+        return;
       case ValueKind::list:
       case ValueKind::tuple: {
         const auto& a = expected.as_list();

@@ -1086,7 +1086,13 @@ void Machine::do_long_line() {
 
 void Machine::do_long1() {
   const std::uint8_t length = take_u8();
-  if (length > 8) error(ErrorCode::pickle_int_invalid, "length ", int{length}, " exceeds 8 bytes (int64)");
+  if (length > 8) {
+    // Python ints are unbounded: a 128-bit PCG64 state, a 64-bit unsigned seed.
+    const auto* bytes = reinterpret_cast<const char*>(take(length));
+    const Value value = Value::integer_of_bytes({bytes, length});
+    push(value.is_int() ? integer_item(value.as_int()) : value_item(value));
+    return;
+  }
   std::uint64_t bits = take_le(length);
   // Sign-extend the two's-complement value from `length` bytes to 64 bits.
   if (length > 0 && length < 8 && (bits >> (8 * length - 1)) & 1u) bits |= ~std::uint64_t{0} << (8 * length);

@@ -100,6 +100,14 @@ class Emitter {
     }
   }
 
+  // An int outside int64: LONG1 with its shortest bytes, as Python pickles it
+  // (torch.load reads it; LibTorch's own unpickler reads no such int).
+  void emit_big_int(std::string_view little_endian) {
+    put(op::LONG1);
+    put(static_cast<std::uint8_t>(little_endian.size()));
+    for (const char byte : little_endian) put(static_cast<std::uint8_t>(byte));
+  }
+
   void emit_bool(bool value) { put(value ? op::NEWTRUE : op::NEWFALSE); }
 
   void emit_str(std::string_view text) {
@@ -468,6 +476,7 @@ class Emitter {
       case ValueKind::none: put(op::NONE); return;
       case ValueKind::boolean: emit_bool(value.as_bool()); return;
       case ValueKind::integer: emit_int(value.as_int()); return;
+      case ValueKind::big_integer: emit_big_int(value.as_big_integer()); return;
       case ValueKind::floating: emit_float(value.as_double()); return;
       case ValueKind::string: emit_str(value.as_string()); return;
       case ValueKind::bytes: emit_bytes(value.as_bytes()); return;

@@ -213,8 +213,40 @@ std::string_view value_kind_name(ValueKind kind) noexcept {
     case ValueKind::dict: return "dict";
     case ValueKind::ordered_dict: return "OrderedDict";
     case ValueKind::tensor: return "Tensor";
+    case ValueKind::big_integer: return "int";
   }
   return "unknown";
+}
+
+std::string big_integer_decimal(std::string_view little_endian) {
+  if (little_endian.empty()) return "0";
+  const bool negative = (static_cast<unsigned char>(little_endian.back()) & 0x80) != 0;
+  // The magnitude, most significant byte first (two's complement negated when negative).
+  std::vector<unsigned> magnitude(little_endian.size());
+  unsigned carry = 1;
+  for (std::size_t i = 0; i < little_endian.size(); ++i) {
+    unsigned byte = static_cast<unsigned char>(little_endian[i]);
+    if (negative) {
+      byte = (~byte & 0xffu) + carry;
+      carry = byte >> 8;
+      byte &= 0xffu;
+    }
+    magnitude[little_endian.size() - 1 - i] = byte;
+  }
+  std::string digits;
+  for (bool nonzero = true; nonzero;) {  // divide by 10 until nothing is left
+    unsigned remainder = 0;
+    nonzero = false;
+    for (unsigned& byte : magnitude) {
+      const unsigned value = remainder * 256 + byte;
+      byte = value / 10;
+      remainder = value % 10;
+      nonzero = nonzero || byte != 0;
+    }
+    digits.push_back(static_cast<char>('0' + remainder));
+  }
+  if (negative) digits.push_back('-');
+  return {digits.rbegin(), digits.rend()};
 }
 
 const std::string& DictKey::as_string() const {
@@ -354,6 +386,26 @@ void Dict::set_metadata(Value metadata) { metadata_ = std::make_shared<const Val
 Value Value::boolean(bool v) { return Value(ValueKind::boolean, v); }
 Value Value::integer(std::int64_t v) { return Value(ValueKind::integer, v); }
 Value Value::floating(double v) { return Value(ValueKind::floating, v); }
+Value Value::integer_of_bytes(std::string_view little_endian) {
+  if (little_endian.empty() || little_endian.size() > 255) {
+    fail(ErrorCode::invalid_argument, "Value::integer_of_bytes: ", little_endian.size(), " bytes (1 to 255)");
+  }
+  // Drop sign-extension bytes: the shortest encoding is the canonical one.
+  std::size_t size = little_endian.size();
+  while (size > 1) {
+    const auto top = static_cast<unsigned char>(little_endian[size - 1]);
+    const auto next = static_cast<unsigned char>(little_endian[size - 2]);
+    if (!((top == 0x00 && !(next & 0x80)) || (top == 0xff && (next & 0x80)))) break;
+    --size;
+  }
+  if (size <= 8) {
+    std::uint64_t bits = 0;
+    for (std::size_t i = 0; i < size; ++i) bits |= std::uint64_t{static_cast<unsigned char>(little_endian[i])} << (8 * i);
+    if (size < 8 && (static_cast<unsigned char>(little_endian[size - 1]) & 0x80)) bits |= ~std::uint64_t{0} << (8 * size);
+    return integer(static_cast<std::int64_t>(bits));
+  }
+  return Value(ValueKind::big_integer, std::make_shared<const std::string>(little_endian.substr(0, size)));
+}
 Value Value::string(std::string v) {
   return Value(ValueKind::string, std::make_shared<const std::string>(std::move(v)));
 }
@@ -418,6 +470,11 @@ const std::string& Value::as_string() const {
 
 std::string_view Value::as_bytes() const {
   if (kind_ != ValueKind::bytes) wrong_kind(kind_, "bytes");
+  return *std::get<std::shared_ptr<const std::string>>(node_);
+}
+
+std::string_view Value::as_big_integer() const {
+  if (kind_ != ValueKind::big_integer) wrong_kind(kind_, "int outside int64");
   return *std::get<std::shared_ptr<const std::string>>(node_);
 }
 
@@ -487,6 +544,10 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
     case ValueKind::string:
       return a.as_string() == b.as_string() ? std::string() : where + ": '" + a.as_string() + "' vs '" + b.as_string() + "'";
     case ValueKind::bytes: return a.as_bytes() == b.as_bytes() ? std::string() : where + ": bytes differ";
+    case ValueKind::big_integer:
+      return a.as_big_integer() == b.as_big_integer()
+                 ? std::string()
+                 : where + ": " + big_integer_decimal(a.as_big_integer()) + " vs " + big_integer_decimal(b.as_big_integer());
     case ValueKind::list:
     case ValueKind::tuple: {
       const auto& x = a.as_list();
