@@ -49,12 +49,7 @@ def dcp_own_load(folder, tmp):
 
 
 def expect_error(report, label, code, call):
-    try:
-        call()
-    except holdpoint.Error as error:
-        report.check(error.code == code, f"{label}: refused with {error.code} ({error}), expected {code}")
-        return
-    report.check(False, f"{label}: read, expected a refusal with {code}")
+    return harness.expect_raises(report, label, code, call, holdpoint.Error)
 
 
 def single_process_state():

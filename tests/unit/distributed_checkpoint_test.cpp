@@ -109,19 +109,24 @@ TEST(DistributedCheckpoint, RefusesAMissingDistcpFile) {
   EXPECT_ERROR_CODE(load_distributed_checkpoint(folder), ErrorCode::dcp_item_missing);
 }
 
+// The second chunk of 'rows' starts at row 3: torch.Size((3, 0)) is pickled
+// twice, first as the chunk's offsets, last in the MetadataIndex that names
+// its bytes. Moves one of them to row 2 (BININT1 3 -> 2).
+void move_second_rows_chunk(const std::filesystem::path& metadata, bool in_storage_key) {
+  std::vector<std::byte> bytes = testing::read_file_bytes(metadata);
+  const std::string_view pickle(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const std::string_view size_3_0("K\x03K\x00", 4);
+  const auto first = pickle.find(size_3_0), last = pickle.rfind(size_3_0);
+  ASSERT_NE(first, std::string_view::npos);
+  ASSERT_LT(first, last);
+  bytes[(in_storage_key ? last : first) + 1] = std::byte{2};
+  testing::write_file_bytes(metadata, bytes);
+}
+
 TEST(DistributedCheckpoint, RefusesAnItemStorageDataDoesNotList) {
   TempDir dir;
   const auto folder = copy_of_fixture(dir);
-  // torch.Size((3, 0)) is pickled twice: the second chunk of 'rows' and, last,
-  // the MetadataIndex naming its bytes. Moved to (2, 0), that key names no
-  // chunk, and the chunk at (3, 0) has no bytes listed.
-  std::vector<std::byte> bytes = testing::read_file_bytes(folder / ".metadata");
-  const std::string_view pickle(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  const auto key = pickle.rfind(std::string_view("K\x03K\x00", 4));
-  ASSERT_NE(key, std::string_view::npos);
-  ASSERT_LT(pickle.find(std::string_view("K\x03K\x00", 4)), key);
-  bytes[key + 1] = std::byte{2};
-  testing::write_file_bytes(folder / ".metadata", bytes);
+  move_second_rows_chunk(folder / ".metadata", /*in_storage_key=*/true);  // the chunk at (3, 0) has no bytes listed
   EXPECT_ERROR_CODE(load_distributed_checkpoint(folder), ErrorCode::dcp_item_missing);
 }
 
@@ -145,17 +150,7 @@ TEST(DistributedCheckpoint, RefusesAChunkWhoseArchiveIsCorrupt) {
 TEST(DistributedCheckpoint, RefusesChunksThatDoNotTileTheirTensor) {
   TempDir dir;
   const auto folder = copy_of_fixture(dir);
-  // rows' second chunk starts at row 3; moved to row 2 it overlaps the first.
-  std::vector<std::byte> bytes = testing::read_file_bytes(folder / ".metadata");
-  const auto* text = reinterpret_cast<const char*>(bytes.data());
-  const std::string_view pickle(text, bytes.size());
-  const auto offsets = pickle.find("offsets");
-  ASSERT_NE(offsets, std::string_view::npos);
-  // K 3 (BININT1 3) for the row offset of the second chunk of 'rows'.
-  const auto second = pickle.find(std::string_view("K\x03K\x00", 4), offsets);
-  ASSERT_NE(second, std::string_view::npos);
-  bytes[second + 1] = std::byte{2};
-  testing::write_file_bytes(folder / ".metadata", bytes);
+  move_second_rows_chunk(folder / ".metadata", /*in_storage_key=*/false);  // rows 2-5 overlap rows 0-2
   EXPECT_ERROR_CODE(load_distributed_checkpoint(folder), ErrorCode::dcp_metadata_invalid);
 }
 
