@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "holdpoint/base/error.h"
+#include "holdpoint/base/signature.h"
 
 namespace holdpoint::cli {
 
@@ -32,6 +33,14 @@ void add_export_command(CLI::App& app, int& exit_code, std::vector<std::string> 
 // Resume verification of a trainer program (docs/verification.md); exits 0
 // all checks passed, 1 a comparison failed, 2 could not complete.
 void add_verify_resume_command(CLI::App& app, int& exit_code);
+
+// Signing (docs/cli.md "Signatures"): keygen writes a key pair (or an HMAC
+// secret), sign writes FILE.sig.
+void add_keygen_command(CLI::App& app, int& exit_code);
+void add_sign_command(CLI::App& app, int& exit_code);
+// The trust policy of --trust key files and --revoked lists.
+TrustPolicy trust_policy(const std::vector<std::string>& key_files, const std::vector<std::string>& revocation_lists,
+                         bool required);
 
 // Prints "reading FILE: 37% (...)" on stderr for files of 256 MiB and more,
 // when stderr is a terminal; an empty function otherwise.

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   int exit_code = holdpoint::cli::kExitOk;
   holdpoint::cli::add_inspect_command(app, exit_code);
   holdpoint::cli::add_verify_command(app, exit_code);
+  holdpoint::cli::add_keygen_command(app, exit_code);
+  holdpoint::cli::add_sign_command(app, exit_code);
   holdpoint::cli::add_convert_command(app, exit_code);
   holdpoint::cli::add_codes_command(app, exit_code);
   holdpoint::cli::add_doctor_command(app, exit_code);

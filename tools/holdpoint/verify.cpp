@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "holdpoint/base/signature.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/format/scan.h"
 #include "holdpoint/schema/manifest.h"
@@ -22,6 +23,9 @@ struct VerifyArguments {
   std::string sha256;
   bool sidecar = false;
   bool json = false;
+  std::vector<std::string> trust;    // key files: Ed25519 PEM public keys, HMAC key files
+  std::vector<std::string> revoked;  // revocation lists
+  bool signature_optional = false;
 };
 
 // A directory holding LATEST, index.json or checkpoints/ is a run directory
@@ -170,6 +174,8 @@ int run_verify(const VerifyArguments& args) {
     options.progress = terminal_progress("reading " + args.file);
     if (!args.sha256.empty()) options.expected_sha256 = Sha256Digest::parse(args.sha256);
     if (args.sidecar) options.expected_sha256 = read_sha256_sidecar(args.file);
+    if (!args.trust.empty()) options.trust = trust_policy(args.trust, args.revoked, !args.signature_optional);
+    const std::optional<SignatureFile> signature = options.trust ? read_signature_file(args.file) : std::nullopt;
     // Streams the file: memory stays bounded whatever its size, and tensors
     // are dropped as soon as they are checked.
     const LoadedMapping mapping = scan_checkpoint(args.file, options, ScanKeeps::verdict);
@@ -185,12 +191,18 @@ int run_verify(const VerifyArguments& args) {
     report["valid"] = true;
     report["format"] = std::string(file_format_name(mapping.format));
     report["sha256"] = mapping.sha256.hex();
-    report["digest_checked"] = options.expected_sha256.has_value();
+    report["digest_checked"] = mapping.digest_checked;
+    if (signature) {
+      report["signed_by"] = signature->key_id;
+      report["signed"] = signature->statement.created;
+    }
     if (args.json) {
       std::cout << report.dump(2) << "\n";
     } else {
       std::cout << "valid: " << args.file << " (" << file_format_name(mapping.format) << ", sha256 "
-                << mapping.sha256.hex() << (options.expected_sha256 ? ", digest matches" : "") << ")\n";
+                << mapping.sha256.hex() << (mapping.digest_checked ? ", digest matches" : "")
+                << (signature ? ", signed by key " + signature->key_id + " at " + signature->statement.created : "")
+                << ")\n";
     }
     return kExitOk;
   } catch (const Error& error) {
@@ -220,6 +232,12 @@ void add_verify_command(CLI::App& app, int& exit_code) {
   auto* sha = command->add_option("--sha256", args->sha256, "expected SHA-256 (64 hex digits) from a trusted source");
   auto* sidecar = command->add_flag("--sidecar", args->sidecar, "check FILE against FILE.sha256 (sha256sum format)");
   sha->excludes(sidecar);
+  command->add_option("--trust", args->trust,
+                      "a key file to trust (Ed25519 PEM public keys, or a holdpoint HMAC key); repeatable. FILE must "
+                      "then carry a valid FILE.sig by one of these keys, checked before FILE is read");
+  command->add_option("--revoked", args->revoked, "a revocation list: key ids no longer trusted, one a line");
+  command->add_flag("--signature-optional", args->signature_optional,
+                    "with --trust: an unsigned FILE is read as before (a signature that is there is still checked)");
   command->add_flag("--json", args->json, "print a JSON report");
   command->callback([args, &exit_code] { exit_code = run_verify(*args); });
 }

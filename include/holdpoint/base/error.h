@@ -37,6 +37,14 @@ namespace holdpoint {
   X(sha256_mismatch, "the SHA-256 of the file differs from the expected digest")               \
   X(sha256_invalid, "an expected SHA-256 is not 64 hexadecimal digits")                        \
   X(sidecar_invalid, "the .sha256 sidecar is missing, malformed or names another file")        \
+  /* signatures (holdpoint/base/signature.h, docs/threat-model.md "Signatures") */          \
+  X(signature_missing, "the trust policy requires a signature and the file has no .sig beside it") \
+  X(signature_malformed, "the .sig file is not a holdpoint signature: a field missing, out of order, malformed, or the file too large") \
+  X(signature_invalid, "the signature does not verify under the trusted key its key id names") \
+  X(signature_key_unknown, "the signature's key id names no key the trust policy holds") \
+  X(signature_key_revoked, "the signature's key id is on the trust policy's revocation list") \
+  X(signature_statement_mismatch, "the signed statement names another file, size or digest than the one read") \
+  X(key_file_invalid, "a key file is missing, unreadable, or not an Ed25519 PEM key or holdpoint HMAC key") \
   /* container detection */                                                                   \
   X(unknown_format, "the bytes are neither a PyTorch zip, a legacy PyTorch stream nor safetensors") \
   X(git_lfs_pointer, "a Git LFS pointer file, not the checkpoint it points to (run git lfs pull)") \

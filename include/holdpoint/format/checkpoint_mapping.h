@@ -37,6 +37,7 @@
 #include "holdpoint/format/limits.h"
 #include "holdpoint/format/loaded_mapping.h"
 #include "holdpoint/base/sha256.h"
+#include "holdpoint/base/signature.h"
 #include "holdpoint/format/value.h"
 
 namespace holdpoint {
@@ -47,6 +48,12 @@ struct LoadOptions {
   // source: a digest stored beside an attacker-controlled file authenticates
   // nothing. Sha256Digest::parse reads one from text.
   std::optional<Sha256Digest> expected_sha256;
+  // Signatures the reader accepts (holdpoint/base/signature.h). When set, the
+  // file's `.sig` is checked before any byte is read (a required signature
+  // that is missing, malformed, by an unknown or revoked key, or that does
+  // not verify is refused with its own signature_* code), and the SHA-256 it
+  // vouches for is then the digest the file must have, as expected_sha256.
+  std::optional<TrustPolicy> trust;
   // Reports reading progress of large files as (bytes read, file size), on
   // the calling thread; reading is the only phase that takes seconds.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;

@@ -54,6 +54,7 @@ bool is_environment_error(ErrorCode code) noexcept {
     case ErrorCode::io_rename_failed:
     case ErrorCode::io_not_regular_file:
     case ErrorCode::sha256_invalid:
+    case ErrorCode::key_file_invalid:
     case ErrorCode::export_destination_invalid: return true;
     default: return false;
   }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/fail.h"
+#include "format/signed_digest.h"
 #include "format/pt_reader.h"
 #include "format/pt_writer.h"
 #include "format/sidecar.h"
@@ -44,11 +45,12 @@ LoadedMapping parse_checkpoint_bytes(std::span<std::byte> bytes, std::shared_ptr
 
 LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const LoadOptions& options) {
   LoadedMapping mapping;
+  const std::optional<Sha256Digest> expected = format::expected_digest(path, options);
   try {
-    const io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, options.expected_sha256,
-                                                    options.progress, format::checkpoint_parser(mapping, options.limits));
+    const io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, expected, options.progress,
+                                                    format::checkpoint_parser(mapping, options.limits));
     mapping.sha256 = snapshot.sha256;
-    mapping.digest_checked = options.expected_sha256.has_value();
+    mapping.digest_checked = expected.has_value();
     return mapping;
   } catch (const Error& error) {
     throw error.with_path(path.string());

@@ -15,6 +15,7 @@
 #include "holdpoint/base/sha256.h"
 #include "base/file_descriptor.h"
 #include "base/file_stream.h"
+#include "format/signed_digest.h"
 #include "format/pt_reader.h"
 #include "format/safetensors/safetensors.h"
 #include "format/zip/zip_reader.h"
@@ -309,7 +310,9 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
 
 }  // namespace
 
-LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& options, ScanKeeps keeps) {
+LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& given, ScanKeeps keeps) {
+  LoadOptions options = given;
+  options.expected_sha256 = format::expected_digest(path, given);
   io::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno)))

@@ -1,0 +1,12 @@
+holdpoint-signature 1
+algorithm ed25519
+key-id 8a9b5b8296fd381aed779e9d12ec02a0
+file a.pt
+size 14244
+sha256 99b988e53aa20fea19e27ede3e372576489737afc9a468faee9657099c9debdd
+step -
+config-identity -
+profile -
+created 2026-12-05T06:09:59Z
+previous-sha256 -
+signature 30a63a6c39477fc2a74bd26e2d0558aa24e76b0aa6c3d8be1f3219fde18d00067f556901b273f998fd31d94343e3643785a801f9ea4c05d711316070e249090d

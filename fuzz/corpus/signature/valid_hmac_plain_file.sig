@@ -1,0 +1,12 @@
+holdpoint-signature 1
+algorithm hmac-sha256
+key-id dd82b3db724c4c951bbd0142d118a46f
+file a.pt
+size 14244
+sha256 99b988e53aa20fea19e27ede3e372576489737afc9a468faee9657099c9debdd
+step -
+config-identity -
+profile -
+created 2026-12-05T06:09:59Z
+previous-sha256 -
+signature 9658197b916c1fac5e03156f313300bedddc9b7f470c8a12d808298280bbb802
