@@ -159,6 +159,20 @@ std::string hmac_sha256(std::string_view secret, std::string_view message) {
   return std::string(reinterpret_cast<const char*>(out.data()), out.size());
 }
 
+std::string ed25519_sign(std::string_view seed, std::string_view message) {
+  const Pkey key = ed25519_private(seed);
+  const std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> context(EVP_MD_CTX_new());
+  std::size_t size = 64;
+  std::string signature(size, '\0');
+  if (!context || EVP_DigestSignInit(context.get(), nullptr, nullptr, nullptr, key.get()) != 1 ||
+      EVP_DigestSign(context.get(), reinterpret_cast<unsigned char*>(signature.data()), &size,
+                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
+      size != 64) {
+    fail(ErrorCode::invalid_argument, "OpenSSL could not sign with Ed25519");
+  }
+  return signature;
+}
+
 // ---- the line format ------------------------------------------------------------------
 
 bool is_decimal(std::string_view text) {
@@ -432,23 +446,9 @@ SignatureFile SigningKey::sign(const SignedStatement& statement) const {
   out.statement = statement;
   if (out.statement.created.empty()) out.statement.created = detail::utc_timestamp();
   const std::string message = out.signed_text();
-  // Checked through the parser, so that a statement signed is one that reads.
-  SignatureFile::parse(out.text().substr(0, message.size()) + "signature " +
-                       std::string(algorithm() == SignatureAlgorithm::ed25519 ? 128 : 64, '0') + "\n");
-  if (algorithm() == SignatureAlgorithm::hmac_sha256) {
-    out.signature = hmac_sha256(secret_, message);
-    return out;
-  }
-  const Pkey key = ed25519_private(secret_);
-  const std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> context(EVP_MD_CTX_new());
-  std::size_t size = 64;
-  out.signature.assign(size, '\0');
-  if (!context || EVP_DigestSignInit(context.get(), nullptr, nullptr, nullptr, key.get()) != 1 ||
-      EVP_DigestSign(context.get(), reinterpret_cast<unsigned char*>(out.signature.data()), &size,
-                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
-      size != 64) {
-    fail(ErrorCode::invalid_argument, "OpenSSL could not sign with Ed25519");
-  }
+  out.signature = algorithm() == SignatureAlgorithm::hmac_sha256 ? hmac_sha256(secret_, message)
+                                                                 : ed25519_sign(secret_, message);
+  SignatureFile::parse(out.text());  // a statement signed is one that reads back
   return out;
 }
 
