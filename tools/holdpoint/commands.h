@@ -33,6 +33,9 @@ void add_export_command(CLI::App& app, int& exit_code, std::vector<std::string> 
 // Resume verification of a trainer program (docs/verification.md); exits 0
 // all checks passed, 1 a comparison failed, 2 could not complete.
 void add_verify_resume_command(CLI::App& app, int& exit_code);
+// Two checkpoints compared (docs/cli.md "diff"); exits 0 same within
+// tolerance, 1 different, 2 a file could not be read or does not verify.
+void add_diff_command(CLI::App& app, int& exit_code);
 
 // Signing (docs/cli.md "Signatures"): keygen writes a key pair (or an HMAC
 // secret), sign writes FILE.sig.

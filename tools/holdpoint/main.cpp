@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   holdpoint::cli::add_gc_command(app, exit_code);
   holdpoint::cli::add_export_command(app, exit_code, std::vector<std::string>(argv, argv + argc));
   holdpoint::cli::add_verify_resume_command(app, exit_code);
+  holdpoint::cli::add_diff_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -37,6 +37,14 @@ struct RecordInfo {
   std::uint32_t crc32 = 0;  // 0 for legacy storages and safetensors tensors
 };
 
+// Where a storage's bytes lie in the file it was scanned from.
+struct StorageLocation {
+  const void* identity = nullptr;  // Storage::identity() of the tensors' storage
+  std::uint64_t offset = 0;        // of the first byte in the file
+  std::uint64_t size = 0;
+  std::optional<std::uint32_t> crc32;  // the zip record's CRC-32; none for safetensors
+};
+
 // What the file says about the writer that produced it.
 struct FormatMarkers {
   std::string archive_name;               // zip folder name
@@ -107,6 +115,11 @@ struct LoadedMapping {
   std::shared_ptr<const void> snapshot;
   FormatMarkers markers;
   std::vector<RecordInfo> records;
+  // scan_checkpoint with ScanKeeps::tree only: where the bytes of each
+  // tensor storage lie in the file, by Storage::identity(), so that a reader
+  // can fetch one tensor's bytes at a time later (holdpoint diff streams two
+  // files so). Empty for every other read.
+  std::vector<StorageLocation> storage_locations;
 };
 
 }  // namespace holdpoint

@@ -10,7 +10,10 @@
 // LoadedMapping (root tree, format, markers, records, SHA-256, size), except
 // that tensors carry no bytes: their storages are Storage::absent, with sizes
 // and identities (views of one storage still share it) but no payload, and
-// reading their bytes throws. Use it to verify and inspect; use
+// reading their bytes throws. LoadedMapping::storage_locations then says
+// where each storage's bytes lie in the file (and the zip record's CRC-32),
+// for a caller that reads one tensor at a time later (holdpoint diff). Use it
+// to verify and inspect; use
 // load_checkpoint_mapping when the tensors' values are needed.
 //
 // The bytes parsed are the bytes hashed. What is read before the pass (the

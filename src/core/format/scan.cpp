@@ -149,15 +149,21 @@ class ScanRecordSource final : public format::ZipRecordSource {
   std::span<const std::byte> record_bytes(const format::ZipEntry& entry) override { return checker_.kept(entry); }
   std::shared_ptr<const Storage> storage(const format::ZipEntry& entry, const format::StorageRequest&, bool) override {
     const auto size = static_cast<std::size_t>(entry.size);
-    if (keeps_ == ScanKeeps::tree) return Storage::absent(size);
+    if (keeps_ == ScanKeeps::tree) {
+      auto storage = Storage::absent(size);
+      locations_.push_back({storage->identity(), entry.data_offset, entry.size, entry.crc32});
+      return storage;
+    }
     std::shared_ptr<const Storage>& shared = by_size_[size];
     if (!shared) shared = Storage::absent(size);
     return shared;
   }
+  std::vector<StorageLocation> take_locations() { return std::move(locations_); }
 
  private:
   const format::ZipStreamChecker& checker_;
   ScanKeeps keeps_;
+  std::vector<StorageLocation> locations_;
   std::unordered_map<std::size_t, std::shared_ptr<const Storage>> by_size_;
 };
 
@@ -220,6 +226,7 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
   PreReadBytes pre_read(fd, file_size);
   std::optional<format::ZipArchive> archive;
   std::optional<format::SafetensorsFile> safetensors;
+  std::vector<StorageLocation> locations;  // of the tensors a tree keeps
   bool legacy = false;
   // A verdict reached before the pass waits for the digest check when a digest
   // is expected, as load_checkpoint_mapping checks the digest before parsing;
@@ -242,7 +249,12 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
         const auto header = pre_read.read(0, static_cast<std::size_t>(header_end));
         safetensors = format::read_safetensors_header(
             header, file_size,
-            [](std::uint64_t, std::uint64_t size) { return Storage::absent(static_cast<std::size_t>(size)); }, limits);
+            [&locations](std::uint64_t offset, std::uint64_t size) {
+              auto storage = Storage::absent(static_cast<std::size_t>(size));
+              locations.push_back({storage->identity(), offset, size, std::nullopt});
+              return storage;
+            },
+            limits);
         break;
       }
     }
@@ -290,11 +302,13 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
     interpret.drop_tensors = keeps == ScanKeeps::verdict;
     interpret.list_records = keeps == ScanKeeps::tree;
     parsed = format::interpret_zip_records(*archive, source, limits, interpret);
+    locations = source.take_locations();
   } else {
     parsed = format::parsed_safetensors(std::move(*safetensors));
     if (keeps == ScanKeeps::verdict) {  // the header was small next to the file: drop what it built
       parsed.root = without_tensors(parsed.root);
       parsed.records.clear();
+      locations.clear();
     }
   }
   LoadedMapping mapping;
@@ -305,6 +319,7 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
   mapping.file_bytes = file_size;
   mapping.markers = std::move(parsed.markers);
   mapping.records = std::move(parsed.records);
+  mapping.storage_locations = std::move(locations);
   return mapping;
 }
 
