@@ -8,9 +8,11 @@
 // equal dtype and shape from the two files in chunks of at most
 // kDiffChunkBytes, so that memory stays bounded whatever the files' sizes:
 // besides the two trees, two chunk buffers, and for a strided view whose
-// storage is at most kDiffWholeStorageBytes a copy of that storage (a larger
-// strided view is read through a small window). A legacy stream (torch <
-// 1.6) is held in memory by the scan and compared there.
+// storage is at most DiffOptions::whole_storage_bytes a copy of that storage.
+// A strided view of a larger storage (rare: torch.save writes the whole
+// storage of a view) is read through a 64 KiB window: bounded, but slow when
+// its strides jump far. A legacy stream (torch < 1.6) is held in memory by
+// the scan and compared there.
 //
 // What is reported: one DiffEntry per path (dict keys and list indices joined
 // by '/': "model/fc.weight", "optimizer/state/3/step") where the trees
@@ -66,7 +68,7 @@
 namespace holdpoint {
 
 inline constexpr std::size_t kDiffChunkBytes = std::size_t{16} << 20;          // per side
-inline constexpr std::size_t kDiffWholeStorageBytes = std::size_t{32} << 20;   // per side
+inline constexpr std::size_t kDiffWholeStorageBytes = std::size_t{64} << 20;   // per side
 
 struct DiffOptions {
   double atol = 0;
@@ -81,6 +83,9 @@ struct DiffOptions {
   // (bytes of tensor elements compared, total) over both files' tensors of
   // equal dtype and shape, after the scans.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;
+  // The largest storage a strided view is compared from whole (per side);
+  // larger ones go through the window (tests set 0 to exercise it).
+  std::size_t whole_storage_bytes = kDiffWholeStorageBytes;
 };
 
 enum class DiffChange : std::uint8_t {

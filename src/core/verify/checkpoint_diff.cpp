@@ -235,10 +235,11 @@ class StorageBytes {
 
 // Copies a tensor's elements in C order, `count` at a time, reading its
 // storage in order when the view is contiguous, and otherwise from a copy of
-// the whole storage (up to kDiffWholeStorageBytes) or through a window.
+// the whole storage (up to DiffOptions::whole_storage_bytes) or through a
+// window.
 class ViewReader {
  public:
-  ViewReader(const ScannedFile& side, const TensorData& tensor, std::size_t unit)
+  ViewReader(const ScannedFile& side, const TensorData& tensor, std::size_t unit, std::size_t whole_storage_bytes)
       : tensor_(tensor), bytes_(side, *tensor.storage), unit_(unit) {
     if (dtype_is_sub_byte(tensor.dtype)) {
       const std::uint64_t bits = static_cast<std::uint64_t>(tensor.storage_offset) * dtype_bits(tensor.dtype);
@@ -251,7 +252,7 @@ class ViewReader {
     } else if (tensor.is_contiguous()) {
       contiguous_ = true;
       contiguous_start_ = static_cast<std::uint64_t>(tensor.storage_offset) * unit_;
-    } else if (bytes_.size() <= kDiffWholeStorageBytes) {
+    } else if (bytes_.size() <= whole_storage_bytes) {
       window_.resize(bytes_.size());
       bytes_.read(0, window_.data(), window_.size());
       window_size_ = window_.size();
@@ -280,7 +281,7 @@ class ViewReader {
   }
 
  private:
-  static constexpr std::size_t kWindowBytes = std::size_t{1} << 20;
+  static constexpr std::size_t kWindowBytes = std::size_t{64} << 10;
 
   void copy_element(std::uint64_t offset, std::byte* out) {
     if (offset < window_start_ || offset + unit_ > window_start_ + window_size_) {
@@ -811,8 +812,8 @@ class PairComparison {
     ++out_.tensors_compared;
     std::string a_value, b_value;
     if (units > 0) {
-      ViewReader reader_a = with_path(a_, [&] { return ViewReader(a_, x, unit); });
-      ViewReader reader_b = with_path(b_, [&] { return ViewReader(b_, y, unit); });
+      ViewReader reader_a = with_path(a_, [&] { return ViewReader(a_, x, unit, options_.whole_storage_bytes); });
+      ViewReader reader_b = with_path(b_, [&] { return ViewReader(b_, y, unit, options_.whole_storage_bytes); });
       const std::size_t per_chunk = std::max<std::size_t>(1, kDiffChunkBytes / unit);
       for (std::uint64_t first = 0; first < units; first += per_chunk) {
         const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(per_chunk, units - first));
