@@ -97,6 +97,8 @@ def check_protocol_passes(report, tmp):
     report.check(resumed[resumed.index("--steps") + 1] == str(STEPS - CUT) and "--resume" in resumed
                  and "--omit-rng-restore" not in resumed, f"resumed command {resumed}")
     report.check("--omit-rng-restore" in v["runs"][3]["command"], "the negative control omits the RNG restore")
+    report.check(not os.path.exists(os.path.join(out, "final-diff.txt")) and "final checkpoints" not in r.stdout,
+                 "a passing verification writes no diff of the final checkpoints")
 
     result = v["results"][0]
     positive = {c["quantity"]: c for c in result["resumed"]}
@@ -181,6 +183,7 @@ def check_planted_bug(report, tmp, bug):
         report.check("error: resume_run_failed" in r.stdout, f"{label}: printed: {r.stdout[-300:]}")
         return
     report.check(v["completed"] is True and v["positive"] is False, f"{label}: compared and failed")
+    check_final_diff(report, out, r, bug)
     failing = failed_quantities(v)
     if bug == "generator-not-restored":
         generators = {q for q in failing if q.startswith("rng_next.")}
@@ -193,6 +196,31 @@ def check_planted_bug(report, tmp, bug):
     if bug == "missing-trace-field":
         codes = {f["code"] for f in v["failures"] if f["quantity"] == "structure"}
         report.check(codes == {"resume_summary_field_missing"}, f"{label}: structure code {codes}")
+
+
+def check_final_diff(report, out, result, bug):
+    """A failed comparison leaves the diff of the continuous and resumed final checkpoints
+    (holdpoint diff) in DIR/final-diff.txt and .json, and the CLI prints it."""
+    label = f"planted {bug}: final diff"
+    text_path, json_path = os.path.join(out, "final-diff.txt"), os.path.join(out, "final-diff.json")
+    if not report.check(os.path.isfile(text_path) and os.path.isfile(json_path), f"{label}: both files written"):
+        return
+    text = open(text_path).read()
+    with open(json_path) as f:
+        diff = json.load(f)
+    report.check(f"final checkpoints, continuous vs resumed ({text_path})" in result.stdout
+                 and text.splitlines()[-1] in result.stdout,
+                 f"{label}: printed with its summary: {result.stdout[-600:]}")
+    final = os.path.join("output", "checkpoint.pt")
+    report.check(diff["atol"] == 1e-12 and diff["a"]["path"].endswith(os.path.join("continuous", final))
+                 and diff["b"]["path"].endswith(os.path.join("resumed", final)),
+                 f"{label}: continuous against resumed, under the verification's tolerance: {diff['a']}, {diff['b']}")
+    if bug == "optimizer-not-restored":
+        # The optimizer starts over on resume: its state and so the weights diverge.
+        sections = {e["section"] for e in diff["entries"] if not e["within_tolerance"]}
+        report.check(diff["same"] is False and {"optimizer", "model"} <= sections
+                     and text.splitlines()[-1].startswith("different: "),
+                     f"{label}: the optimizer and model entries beyond tolerance: {sorted(sections)}")
 
 
 # A trainer honouring the contract without any randomness, and with modes that break it.

@@ -1,8 +1,11 @@
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "holdpoint/verify/resume_verifier.h"
@@ -73,6 +76,23 @@ void print_cut(std::ostream& out, const CutVerdict& verdict) {
   }
 }
 
+// The diff of the final checkpoints a failed verification wrote: its lines up
+// to a screenful, and its summary line.
+void print_final_diff(std::ostream& out, const std::filesystem::path& path) {
+  constexpr std::size_t kShown = 20;
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  out << "final checkpoints, continuous vs resumed (" << path.string() << "):\n";
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (i == kShown && lines.size() > kShown + 1) {
+      out << "  ... " << lines.size() - kShown - 1 << " more lines\n";
+      i = lines.size() - 1;
+    }
+    out << "  " << lines[i] << "\n";
+  }
+}
+
 int run_verify_resume(const VerifyResumeArguments& args) {
   ResumeVerificationOptions options;
   options.trainer = args.trainer;
@@ -123,6 +143,7 @@ int run_verify_resume(const VerifyResumeArguments& args) {
     std::cout << "error: " << error_code_name(*result.incomplete_code) << ": " << result.incomplete_reason << "\n";
   }
   for (const CutVerdict& verdict : result.cuts) print_cut(std::cout, verdict);
+  if (!result.final_diff_text.empty()) print_final_diff(std::cout, result.final_diff_text);
   std::cout << "all_checks_passed: " << (result.all_checks_passed ? "true" : "false") << "\n"
             << "positive: " << (result.positive ? "true" : "false") << "\n"
             << "negative_divergence_detected: " << (result.negative_divergence_detected ? "true" : "false") << "\n";

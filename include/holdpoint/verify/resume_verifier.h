@@ -236,6 +236,14 @@ struct ResumeVerification {
   std::vector<TrainerRun> runs;
   std::filesystem::path report_json;  // DIR/verification.json
   std::filesystem::path report_svg;   // DIR/report.svg (when the comparison completed)
+  // When a resume deviates: the continuous run's final checkpoint compared
+  // with the resumed run's (of the first cut that fails) by diff_checkpoints
+  // (holdpoint/verify/checkpoint_diff.h) under the verification's tolerance,
+  // written as DIR/final-diff.txt and DIR/final-diff.json; empty otherwise.
+  // A diff that cannot be made (a checkpoint missing or unreadable) leaves
+  // its error line in final-diff.txt and no JSON.
+  std::filesystem::path final_diff_text;
+  std::filesystem::path final_diff_json;
 
   // 0 all checks passed, 1 a comparison failed, 2 the verification could not complete.
   int exit_code() const noexcept;

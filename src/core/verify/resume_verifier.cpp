@@ -18,6 +18,7 @@
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/base/file_system.h"
 #include "base/publish.h"
+#include "holdpoint/verify/checkpoint_diff.h"
 #include "verify/resume_report_svg.h"
 #include "verify/trainer_process.h"
 #include "verify/verification_report.h"
@@ -336,6 +337,45 @@ class Protocol {
   verify::ResumePicture picture_;
 };
 
+// The run of `result` named `name`, or nullptr.
+const TrainerRun* run_named(const ResumeVerification& result, const std::string& name) {
+  for (const TrainerRun& run : result.runs) {
+    if (run.name == name) return &run;
+  }
+  return nullptr;
+}
+
+// DIR/final-diff.txt and .json: where the first failing cut's resumed
+// checkpoint differs from the continuous run's, for a reader who wants to
+// know which tensors diverged and by how much.
+void write_final_diff(io::Directory& directory, const ResumeVerificationOptions& options, ResumeVerification& result) {
+  const auto failing = std::find_if(result.cuts.begin(), result.cuts.end(), [](const CutVerdict& v) { return !v.positive; });
+  if (failing == result.cuts.end()) return;
+  const TrainerRun* continuous = run_named(result, "continuous");
+  const TrainerRun* resumed =
+      run_named(result, options.sweep ? concat("cut-", failing->cut, "/resumed") : std::string("resumed"));
+  if (!continuous || !resumed) return;
+  std::string text;
+  std::string json;
+  try {
+    DiffOptions diff_options;
+    diff_options.atol = options.tolerance.absolute;
+    diff_options.rtol = options.tolerance.relative;
+    const CheckpointDiff diff = diff_checkpoints(continuous->output / std::string(kCheckpointFile),
+                                                 resumed->output / std::string(kCheckpointFile), diff_options);
+    text = diff.text();
+    json = diff.json();
+  } catch (const Error& error) {
+    text = concat("error: ", error_code_name(error.code()), ": ", error.what(), "\n");
+  }
+  io::publish_text(directory, "final-diff.txt", text, {});
+  result.final_diff_text = options.output / "final-diff.txt";
+  if (!json.empty()) {
+    io::publish_text(directory, "final-diff.json", json, {});
+    result.final_diff_json = options.output / "final-diff.json";
+  }
+}
+
 }  // namespace
 
 int ResumeVerification::exit_code() const noexcept {
@@ -368,6 +408,8 @@ ResumeVerification verify_resume(const ResumeVerificationOptions& options, const
     });
     result.all_checks_passed = result.positive && result.negative_divergence_detected;
   }
+
+  if (result.completed && !result.positive) write_final_diff(*directory, absolute, result);
 
   if (result.completed) {
     verify::ResumePicture picture = protocol.picture();
