@@ -21,6 +21,7 @@ from ._errors import Error
 from . import _native
 from ._convert import TensorFactory, TensorInfo, describe_tensor, tensor_parts
 from ._training import Generators, Progress, RandomSampler, SequentialSampler, TrainingState, plain_spec
+from ._trust import TrustPolicy, native_trust
 
 __all__ = [
     "Error",
@@ -31,6 +32,7 @@ __all__ = [
     "TrainingState",
     "RunDirectory",
     "TensorInfo",
+    "TrustPolicy",
     "error_codes",
     "inspect",
     "load",
@@ -39,6 +41,7 @@ __all__ = [
     "load_with_info",
     "restore_rng_states",
     "save",
+    "sign",
     "verify",
 ]
 
@@ -53,17 +56,18 @@ def _path(path: PathLike) -> str:
 
 
 def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-                   tensors: str = "auto") -> tuple[Any, dict]:
+                   tensors: str = "auto", trust: Optional[TrustPolicy] = None) -> tuple[Any, dict]:
     """Like :func:`load`, and also returns what was checked: ``{"format", "sha256",
     "digest_checked", "bytes", "warnings"}``."""
-    root, info = _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors))
+    root, info = _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors),
+                              native_trust(trust))
     if info["format"] == "safetensors":
         root = dict(root)  # as safetensors.torch.load_file returns it
     return root, info
 
 
 def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-         tensors: str = "auto") -> Any:
+         tensors: str = "auto", trust: Optional[TrustPolicy] = None) -> Any:
     """Reads a checkpoint (a torch.save zip, a pre-1.6 torch.save stream, a
     safetensors file, or a ``torch.distributed.checkpoint`` folder: see
     :func:`load_distributed_checkpoint`) with holdpoint's restricted reader and
@@ -74,6 +78,9 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
     - ``expected_sha256``: the file's SHA-256 (64 hex digits) from a source you
       trust. The whole file is hashed and compared before anything is returned;
       a mismatch raises :class:`Error` with code ``sha256_mismatch``.
+    - ``trust``: a :class:`TrustPolicy`; the file's signature (``<path>.sig``) is
+      checked before a byte of it is read, and the digest it vouches for becomes
+      the one the file must have.
     - ``limits``: bounds of the reader, by ``holdpoint::Limits`` field name
       (``{"max_tensors": 1000}``); docs/format.md section 9 lists them.
     - ``tensors``: ``"torch"`` gives ``torch.Tensor`` (an ``nn.Parameter`` where
@@ -87,11 +94,11 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
     for anything the reader refuses.
     """
     if _native.is_distributed_checkpoint(_path(path)):
-        if expected_sha256 is not None:
-            raise Error(f"{_path(path)}: a torch.distributed.checkpoint folder has no single digest to check; "
-                        "verify its files instead", "invalid_argument", _path(path))
+        if expected_sha256 is not None or trust is not None:
+            raise Error(f"{_path(path)}: a torch.distributed.checkpoint folder has no single digest or signature to "
+                        "check; verify its files instead", "invalid_argument", _path(path))
         return load_distributed_checkpoint(path, limits=limits, tensors=tensors)
-    return load_with_info(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors)[0]
+    return load_with_info(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors, trust=trust)[0]
 
 
 def load_distributed_checkpoint(folder: PathLike, *, limits: Optional[Limits] = None, tensors: str = "auto",
@@ -130,7 +137,7 @@ def _is_tensor_mapping(value: Any) -> bool:
 
 
 def load_model_state(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-                     key: Optional[str] = None, tensors: str = "auto") -> dict:
+                     key: Optional[str] = None, tensors: str = "auto", trust: Optional[TrustPolicy] = None) -> dict:
     """The model's state dict in a checkpoint, ready for ``model.load_state_dict``.
 
     The file itself when it is a state dict (names to tensors); otherwise the entry
@@ -139,7 +146,7 @@ def load_model_state(path: PathLike, *, expected_sha256: Optional[str] = None, l
     and "model_state" that is a state dict. Raises :class:`Error` with code
     ``legacy_layout_unrecognized`` when there is none.
     """
-    root = load(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors)
+    root = load(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors, trust=trust)
     if key is None and _is_tensor_mapping(root):
         return root
     candidates = (key,) if key is not None else _MODEL_KEYS
@@ -225,20 +232,36 @@ def save(path: PathLike, mapping: Any, *, sidecar: bool = True, durable: bool = 
 
 
 def verify(path: PathLike, *, expected_sha256: Optional[str] = None, sidecar: bool = False,
-           limits: Optional[Limits] = None) -> dict:
+           limits: Optional[Limits] = None, trust: Optional[TrustPolicy] = None) -> dict:
     """Checks a checkpoint completely (every structure, CRC-32 and tensor bound)
     without keeping its tensors: memory stays bounded whatever the file's size.
     ``expected_sha256`` or ``sidecar=True`` (``<path>.sha256``) also checks the
     digest. Returns ``{"valid": True, "format", "sha256", "digest_checked",
-    "bytes", "warnings"}``; raises :class:`Error` when the file is refused."""
-    return _native.verify(_path(path), expected_sha256, sidecar, dict(limits) if limits else None)
+    "bytes", "warnings"}``; raises :class:`Error` when the file is refused. With
+    ``trust``, the file's signature is checked first (see :class:`TrustPolicy`)."""
+    return _native.verify(_path(path), expected_sha256, sidecar, dict(limits) if limits else None,
+                          native_trust(trust))
 
 
-def inspect(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None) -> dict:
+def sign(path: PathLike, *, key: PathLike, previous_sha256: Optional[str] = None,
+         limits: Optional[Limits] = None) -> dict:
+    """Verifies ``path`` completely, then writes ``<path>.sig``: a statement of its
+    name, size, SHA-256 and (for a holdpoint checkpoint) step, config identity and
+    profile, signed with the private key file ``key`` (``holdpoint keygen``; an
+    Ed25519 PEM key or a holdpoint HMAC key). ``previous_sha256`` records the
+    generation signed before it. The key never leaves this process's memory.
+    Returns ``{"signature", "key_id", "sha256", "bytes"}``. To sign a whole run,
+    use :meth:`RunDirectory.sign`."""
+    return _native.sign(_path(path), _path(key), previous_sha256, dict(limits) if limits else None)
+
+
+def inspect(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
+            trust: Optional[TrustPolicy] = None) -> dict:
     """What a checkpoint holds, without loading tensor bytes: ``{"format",
     "sha256", "bytes", "tree", "records", "markers", ...}``. In ``tree``, each tensor
     is a :class:`TensorInfo` (dtype, shape, stride, offset)."""
-    return _native.inspect(_path(path), expected_sha256, dict(limits) if limits else None, describe_tensor)
+    return _native.inspect(_path(path), expected_sha256, dict(limits) if limits else None, describe_tensor,
+                           native_trust(trust))
 
 
 def error_codes() -> dict[str, str]:
@@ -254,13 +277,24 @@ class RunDirectory:
     files are removed and a damaged generation is never LATEST (see
     docs/run-directory.md). ``recover=False`` inspects without changing anything.
     Every load is verified against the run's own record of the generation.
+
+    ``trust`` (a :class:`TrustPolicy`): every load and verify also checks the
+    generation's signature first, and :meth:`TrainingState.resume` checks the whole
+    run's (:meth:`verify_signatures`). Opening under a policy refuses a rolled-back
+    LATEST (``signature_rollback``) instead of removing the newer signed generation.
+    ``signing_key`` (a private key file): each commit is signed once LATEST names
+    it, and LATEST, BEST and ``index.json`` after it (docs/threat-model.md,
+    "Signing a run").
     """
 
     def __init__(self, path: PathLike, *, recover: bool = True, create: bool = True,
                  limits: Optional[Limits] = None, best_metric: Optional[str] = None,
-                 higher_is_better: bool = False) -> None:
+                 higher_is_better: bool = False, trust: Optional[TrustPolicy] = None,
+                 signing_key: Optional[PathLike] = None) -> None:
+        self.trust = trust
         self._run = _native.RunDirectory(_path(path), recover, create, dict(limits) if limits else None,
-                                         best_metric, higher_is_better)
+                                         best_metric, higher_is_better, native_trust(trust),
+                                         None if signing_key is None else _path(signing_key))
 
     @property
     def path(self) -> str:
@@ -291,6 +325,28 @@ class RunDirectory:
     def verify(self, generation: str = "latest") -> dict:
         """Checks one generation without loading it: ``{"name", "ok", "code", "detail"}``."""
         return self._run.verify(generation)
+
+    def sign(self, key: PathLike) -> list[str]:
+        """Signs every committed generation not signed yet, each naming the one
+        before it, then LATEST, BEST and ``index.json``; returns the files written."""
+        return self._run.sign(_path(key))
+
+    def verify_signatures(self, trust: Optional[TrustPolicy] = None) -> list[dict]:
+        """Every signature of the run under ``trust`` (default: the run's own), one
+        ``{"name", "ok", "code", "detail"}`` each: the generations', the chain
+        (``signature_chain_broken``), and LATEST's, BEST's and ``index.json``'s
+        (``signature_rollback`` for a pointer put back)."""
+        policy = trust if trust is not None else self.trust
+        if policy is None:
+            raise Error("verify_signatures needs a TrustPolicy", "invalid_argument", self.path)
+        return self._run.verify_signatures(native_trust(policy))
+
+    def require_signatures(self, trust: Optional[TrustPolicy] = None) -> None:
+        """:meth:`verify_signatures`, raising :class:`Error` with the first failure's code."""
+        for check in self.verify_signatures(trust):
+            if not check["ok"]:
+                raise Error(f"{self.path}: {check['name']}: {check['detail']}", check["code"], self.path,
+                            check["detail"])
 
     def commit(self, components: Mapping[str, Any], *, step: int, epoch: int = 0, kind: str = "resume",
                metrics: Optional[Mapping[str, float]] = None, semantic_identity: str = "python") -> dict:

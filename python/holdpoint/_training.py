@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping, Optional
 from . import _native
 from ._convert import TensorFactory, tensor_parts
 from ._errors import Error
+from ._trust import native_trust
 
 PROFILES = ("cpu-basic-v1", "cpu-shuffled-singleworker-v1", "cuda-single-device-v1", "cpu-gloo-ddp-v1",
             "unqualified")
@@ -592,8 +593,8 @@ class TrainingState:
         self._require_components()
         return run._run.commit(self.capture(), step, epoch, kind, dict(metrics or {}), self._spec(), tensor_parts)
 
-    def load(self, path: Any, *, expected_sha256: Optional[str] = None, limits: Optional[Mapping[str, Any]] = None
-             ) -> dict:
+    def load(self, path: Any, *, expected_sha256: Optional[str] = None, limits: Optional[Mapping[str, Any]] = None,
+             trust: Any = None) -> dict:
         """Resumes from ``path``: every check first, then every component, or nothing.
 
         Checked in order, before anything changes: the whole-file SHA-256 against
@@ -605,14 +606,15 @@ class TrainingState:
         components are applied, the model first and the generators last; if one
         fails, those applied are put back as they were and ``state_apply_failed`` is
         raised. Returns ``{"profile", "step", "sha256", "digest_checked", "drift",
-        "restored", ...}``."""
+        "restored", ...}``. ``trust`` (a :class:`holdpoint.TrustPolicy`) checks the
+        file's signature before anything else."""
         import os
 
         self._require_components()
         names = list(self._components)
         states, report = _native.load_training_state(os.fspath(path), expected_sha256,
                                                      dict(limits) if limits else None, self._spec(), names,
-                                                     TensorFactory("torch"))
+                                                     TensorFactory("torch"), native_trust(trust))
         order = sorted(names, key=lambda n: (_APPLY_RANK.get(n, 100), names.index(n)))
         try:
             for name in order:
@@ -645,13 +647,17 @@ class TrainingState:
 
     def resume(self, run: Any, generation: str = "latest") -> dict:
         """:meth:`load` of a :class:`RunDirectory`'s generation, against the SHA-256
-        the run's index records for it."""
+        the run's index records for it. Under the run's ``trust``, the whole run's
+        signatures are checked first (a rolled-back LATEST or a broken chain is
+        refused), then the generation's own."""
+        if run.trust is not None:
+            run.require_signatures()
         info = run.latest() if generation == "latest" else run.best() if generation == "best" else None
         if info is None:
             info = next((g for g in run.generations() if g["name"] == generation), None)
         if info is None:
             raise Error(f"run {run.path} has no generation '{generation}'", "invalid_argument", run.path)
-        return self.load(run.file_path(info["name"]), expected_sha256=info["sha256"])
+        return self.load(run.file_path(info["name"]), expected_sha256=info["sha256"], trust=run.trust)
 
     def __repr__(self) -> str:
         return (f"TrainingState({self.semantic_identity!r}, profile={self.profile!r}, "

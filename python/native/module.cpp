@@ -30,6 +30,8 @@
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/format/distributed_checkpoint.h"
 #include "holdpoint/format/scan.h"
+#include "holdpoint/base/signature.h"
+#include "holdpoint/run/provenance.h"
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint_version.h"
 
@@ -119,11 +121,62 @@ Limits limits_from(const py::object& given) {
   return limits;
 }
 
-LoadOptions load_options(const py::object& expected_sha256, const py::object& limits) {
+// holdpoint.TrustPolicy as the package hands it over: None, or
+// {"keys": [paths], "revoked": [paths], "required": bool}.
+std::optional<TrustPolicy> trust_from(const py::object& trust) {
+  if (trust.is_none()) return std::nullopt;
+  const py::dict fields = trust.cast<py::dict>();
+  TrustPolicy policy;
+  policy.required = fields["required"].cast<bool>();
+  for (const auto& key_file : fields["keys"].cast<std::vector<std::string>>()) {
+    for (VerifyingKey& key : VerifyingKey::read_file(key_file)) policy.keys.push_back(std::move(key));
+  }
+  for (const auto& list : fields["revoked"].cast<std::vector<std::string>>()) policy.read_revocation_list(list);
+  return policy;
+}
+
+LoadOptions load_options(const py::object& expected_sha256, const py::object& limits,
+                         const py::object& trust = py::none()) {
   LoadOptions options;
   options.limits = limits_from(limits);
   if (!expected_sha256.is_none()) options.expected_sha256 = Sha256Digest::parse(expected_sha256.cast<std::string>());
+  options.trust = trust_from(trust);
   return options;
+}
+
+py::list checks_list(const std::vector<GenerationCheck>& checks) {
+  py::list out;
+  for (const GenerationCheck& check : checks) {
+    py::dict entry;
+    entry["name"] = check.name;
+    entry["ok"] = check.ok;
+    entry["code"] = check.code ? py::object(py::str(std::string(error_code_name(*check.code)))) : py::object(py::none());
+    entry["detail"] = check.detail;
+    out.append(entry);
+  }
+  return out;
+}
+
+// holdpoint.sign: FILE.sig for one checkpoint file.
+py::dict sign_file(const std::filesystem::path& path, const std::filesystem::path& key_file,
+                   const py::object& previous_sha256, const py::object& limits) {
+  SignatureFile signature;
+  {
+    py::gil_scoped_release released;
+    const SigningKey key = SigningKey::read_file(key_file);
+    LoadOptions options;
+    options.limits = limits_from(limits);
+    SignedStatement statement = checkpoint_statement(path, options);
+    if (!previous_sha256.is_none()) statement.previous_sha256 = Sha256Digest::parse(previous_sha256.cast<std::string>());
+    signature = key.sign(statement);
+    write_signature_file(path, signature);
+  }
+  py::dict out;
+  out["signature"] = signature_path(path).string();
+  out["key_id"] = signature.key_id;
+  out["sha256"] = signature.statement.sha256.hex();
+  out["bytes"] = signature.statement.size;
+  return out;
 }
 
 // ---- Value -> Python ----------------------------------------------------------------------
@@ -325,8 +378,8 @@ class FromPython {
 // ---- entry points ---------------------------------------------------------------------------
 
 py::tuple load(const std::filesystem::path& path, const py::object& expected_sha256, const py::object& limits,
-               const py::object& make_tensor) {
-  const LoadOptions options = load_options(expected_sha256, limits);
+               const py::object& make_tensor, const py::object& trust) {
+  const LoadOptions options = load_options(expected_sha256, limits, trust);
   LoadedMapping mapping;
   {
     py::gil_scoped_release released;
@@ -354,8 +407,8 @@ py::object load_dcp_folder(const std::filesystem::path& folder, const py::object
 // What `holdpoint inspect` shows: the tree with tensors as (dtype, shape)
 // and no bytes, the records and the format markers; streams the file.
 py::dict inspect(const std::filesystem::path& path, const py::object& expected_sha256, const py::object& limits,
-                 const py::object& describe_tensor) {
-  const LoadOptions options = load_options(expected_sha256, limits);
+                 const py::object& describe_tensor, const py::object& trust) {
+  const LoadOptions options = load_options(expected_sha256, limits, trust);
   LoadedMapping mapping;
   {
     py::gil_scoped_release released;
@@ -385,8 +438,8 @@ py::dict inspect(const std::filesystem::path& path, const py::object& expected_s
 }
 
 py::dict verify(const std::filesystem::path& path, const py::object& expected_sha256, bool sidecar,
-                const py::object& limits) {
-  LoadOptions options = load_options(expected_sha256, limits);
+                const py::object& limits, const py::object& trust) {
+  LoadOptions options = load_options(expected_sha256, limits, trust);
   if (sidecar) {
     if (options.expected_sha256) fail_argument("verify: give expected_sha256 or sidecar=True, not both");
     options.expected_sha256 = read_sha256_sidecar(path);
@@ -398,7 +451,7 @@ py::dict verify(const std::filesystem::path& path, const py::object& expected_sh
   }
   py::dict info = mapping_info(mapping);
   info["valid"] = true;
-  info["digest_checked"] = options.expected_sha256.has_value();
+  info["digest_checked"] = mapping.digest_checked;
   return info;
 }
 
@@ -552,11 +605,11 @@ py::dict save_training_state(const std::filesystem::path& path, const py::handle
 // no live object (schema::check_resume_root); returns (components, report).
 py::tuple load_training_state(const std::filesystem::path& path, const py::object& expected_sha256,
                               const py::object& limits, const py::dict& spec, const std::vector<std::string>& names,
-                              const py::object& make_tensor) {
+                              const py::object& make_tensor, const py::object& trust) {
   // A run's configuration holds no tensors: the converter refuses any.
   FromPython from_python(py::cpp_function([](const py::handle&) { return py::none(); }));
   const RunSpec run = run_spec(spec, from_python);
-  const LoadOptions options = load_options(expected_sha256, limits);
+  const LoadOptions options = load_options(expected_sha256, limits, trust);
   LoadedMapping mapping;
   schema::ResumeCheck check;
   {
@@ -614,11 +667,17 @@ py::dict generation_dict(const GenerationInfo& g) {
 class PyRunDirectory {
  public:
   PyRunDirectory(const std::filesystem::path& path, bool recover, bool create, const py::object& limits,
-                 const py::object& best_metric, bool higher_is_better) {
+                 const py::object& best_metric, bool higher_is_better, const py::object& trust,
+                 const py::object& signing_key) {
     RunDirectoryOptions options;
     options.recover = recover;
     options.create = create;
     options.limits = limits_from(limits);
+    options.trust = trust_from(trust);
+    if (!signing_key.is_none()) {
+      options.signing_key =
+          std::make_shared<const SigningKey>(SigningKey::read_file(signing_key.cast<std::filesystem::path>()));
+    }
     if (!best_metric.is_none()) options.best_metric = BestMetric{best_metric.cast<std::string>(), higher_is_better};
     py::gil_scoped_release released;
     run_ = std::make_unique<RunDirectory>(path, std::move(options));
@@ -655,6 +714,24 @@ class PyRunDirectory {
     }
     ToPython to_python(make_tensor);
     return py::make_tuple(to_python.convert(mapping.root), mapping_info(mapping));
+  }
+
+  // Signs what is not signed yet (RunDirectory::sign); the files written.
+  std::vector<std::string> sign(const std::filesystem::path& key_file) {
+    py::gil_scoped_release released;
+    const SigningKey key = SigningKey::read_file(key_file);
+    return run_->sign(key);
+  }
+
+  py::list verify_signatures(const py::object& trust) const {
+    const std::optional<TrustPolicy> policy = trust_from(trust);
+    if (!policy) fail_argument("verify_signatures: a TrustPolicy is needed");
+    std::vector<GenerationCheck> checks;
+    {
+      py::gil_scoped_release released;
+      checks = run_->verify_signatures(*policy);
+    }
+    return checks_list(checks);
   }
 
   py::dict verify(const std::string& name) const {
@@ -735,19 +812,22 @@ PYBIND11_MODULE(_native, m) {
       })
       .def("__len__", [](const StorageBuffer& buffer) { return buffer.storage->nbytes(); });
 
-  m.def("load", &load, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"), py::arg("make_tensor"));
+  m.def("load", &load, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"), py::arg("make_tensor"),
+        py::arg("trust") = py::none());
+  m.def("sign", &sign_file, py::arg("path"), py::arg("key"), py::arg("previous_sha256"), py::arg("limits"));
   m.def("load_distributed_checkpoint", &load_dcp_folder, py::arg("folder"), py::arg("limits"),
         py::arg("make_tensor"), py::arg("metadata_only"));
   m.def("is_distributed_checkpoint", [](const std::filesystem::path& folder) { return is_distributed_checkpoint(folder); });
   m.def("inspect", &inspect, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"),
-        py::arg("describe_tensor"));
-  m.def("verify", &verify, py::arg("path"), py::arg("expected_sha256"), py::arg("sidecar"), py::arg("limits"));
+        py::arg("describe_tensor"), py::arg("trust") = py::none());
+  m.def("verify", &verify, py::arg("path"), py::arg("expected_sha256"), py::arg("sidecar"), py::arg("limits"),
+        py::arg("trust") = py::none());
   m.def("save", &save, py::arg("path"), py::arg("root"), py::arg("sidecar"), py::arg("durable"),
         py::arg("torch_1_13_compatible"), py::arg("tensor_parts"));
   m.def("save_training_state", &save_training_state, py::arg("path"), py::arg("components"), py::arg("spec"),
         py::arg("sidecar"), py::arg("durable"), py::arg("tensor_parts"));
   m.def("load_training_state", &load_training_state, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"),
-        py::arg("spec"), py::arg("names"), py::arg("make_tensor"));
+        py::arg("spec"), py::arg("names"), py::arg("make_tensor"), py::arg("trust") = py::none());
   m.def("error_codes", [] {
     py::dict out;
     for (std::size_t i = 0; i < error_code_count(); ++i) {
@@ -762,9 +842,10 @@ PYBIND11_MODULE(_native, m) {
   });
 
   py::class_<PyRunDirectory>(m, "RunDirectory")
-      .def(py::init<const std::filesystem::path&, bool, bool, const py::object&, const py::object&, bool>(),
+      .def(py::init<const std::filesystem::path&, bool, bool, const py::object&, const py::object&, bool,
+                    const py::object&, const py::object&>(),
            py::arg("path"), py::arg("recover"), py::arg("create"), py::arg("limits"), py::arg("best_metric"),
-           py::arg("higher_is_better"))
+           py::arg("higher_is_better"), py::arg("trust") = py::none(), py::arg("signing_key") = py::none())
       .def_property_readonly("path", &PyRunDirectory::path)
       .def("generations", &PyRunDirectory::generations)
       .def("latest", &PyRunDirectory::latest)
@@ -773,5 +854,7 @@ PYBIND11_MODULE(_native, m) {
       .def("recovery", &PyRunDirectory::recovery)
       .def("load", &PyRunDirectory::load)
       .def("verify", &PyRunDirectory::verify)
+      .def("sign", &PyRunDirectory::sign, py::arg("key"))
+      .def("verify_signatures", &PyRunDirectory::verify_signatures, py::arg("trust"))
       .def("commit", &PyRunDirectory::commit);
 }

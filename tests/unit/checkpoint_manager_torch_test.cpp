@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "holdpoint/base/signature.h"
 #include "holdpoint/checkpoint/checkpoint_manager.h"
 #include "holdpoint/state/lr_scheduler.h"
 #include "holdpoint/run/preemption.h"
@@ -24,6 +25,22 @@
 
 namespace holdpoint {
 namespace {
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// Opens a run to inspect it: nothing is recovered or changed.
+RunDirectoryOptions inspect_only() {
+  RunDirectoryOptions options;
+  options.recover = false;
+  return options;
+}
 
 using testing::FaultFileSystem;
 using testing::FaultKind;
@@ -89,6 +106,65 @@ CheckpointManagerOptions quiet(bool asynchronous) {
   options.asynchronous = asynchronous;
   options.run.log = [](const std::string&) {};
   return options;
+}
+
+// ---- signatures --------------------------------------------------------------------------
+
+// A manager with a signing key signs each save (also in the background); one
+// with a trust policy resumes the signed run, refuses another key's, and
+// refuses a rolled-back LATEST, leaving the live model as it was.
+TEST(CheckpointManager, SignsItsSavesAndResumesOnlyWhatTheTrustPolicyAccepts) {
+  TempDir tmp;
+  const auto key = std::make_shared<const SigningKey>(SigningKey::generate(SignatureAlgorithm::ed25519));
+  TrustPolicy trust;
+  trust.keys.push_back(key->verifying_key());
+  TrainRun run(1);
+  std::string latest_after_first;
+  {
+    CheckpointManagerOptions options = quiet(true);
+    options.run.signing_key = key;
+    CheckpointManager manager(tmp / "run", run.trainer->state(), options);
+    for (int save = 0; save < 2; ++save) {
+      for (int i = 0; i < 3; ++i) run.trainer->step();
+      manager.save(at_step(*run.trainer));
+      manager.wait();
+      if (save == 0) latest_after_first = read_text(tmp / "run" / "LATEST");
+    }
+  }
+  const auto saved = run.parameters();
+  EXPECT_TRUE(std::filesystem::exists(tmp / "run" / "checkpoints" / (generation_name(6) + ".sig")));
+
+  {
+    TrainRun resumed(2);
+    CheckpointManagerOptions options = quiet(false);
+    options.run.trust = trust;
+    CheckpointManager manager(tmp / "run", resumed.trainer->state(), options);
+    ASSERT_TRUE(manager.resume());
+    expect_bit_equal(resumed.parameters(), saved);
+  }
+  {
+    TrainRun stranger_run(3);
+    const auto before = stranger_run.parameters();
+    CheckpointManagerOptions options = quiet(false);
+    options.run.trust = TrustPolicy{};
+    options.run.trust->keys.push_back(SigningKey::generate(SignatureAlgorithm::ed25519).verifying_key());
+    CheckpointManager manager(tmp / "run", stranger_run.trainer->state(), options);
+    EXPECT_ERROR_CODE(manager.resume(), ErrorCode::signature_key_unknown);
+    expect_bit_equal(stranger_run.parameters(), before);
+  }
+  // LATEST put back to the first save: refused on opening, nothing removed.
+  write_text(tmp / "run" / "LATEST", latest_after_first);
+  TrainRun rolled(4);
+  CheckpointManagerOptions options = quiet(false);
+  options.run.trust = trust;
+  EXPECT_ERROR_CODE(CheckpointManager(tmp / "run", rolled.trainer->state(), options), ErrorCode::signature_rollback);
+  EXPECT_TRUE(std::filesystem::exists(tmp / "run" / "checkpoints" / generation_name(6)));
+  // Read-only and resumed: the run-wide check refuses it too.
+  options.run.recover = false;
+  CheckpointManager reader(tmp / "run", rolled.trainer->state(), options);
+  const auto before = rolled.parameters();
+  EXPECT_ERROR_CODE(reader.resume(), ErrorCode::signature_rollback);
+  expect_bit_equal(rolled.parameters(), before);
 }
 
 // ---- asynchronous saves ------------------------------------------------------------------
@@ -340,9 +416,9 @@ TEST(Trainer, RunDirectoryCadenceSavesGenerations) {
   });
   EXPECT_EQ(run.trainer->fit(), FitOutcome::finished);
   std::vector<std::int64_t> steps;
-  for (const auto& g : RunDirectory(tmp / "run", {.recover = false}).generations()) steps.push_back(g.step);
+  for (const auto& g : RunDirectory(tmp / "run", inspect_only()).generations()) steps.push_back(g.step);
   EXPECT_EQ(steps, (std::vector<std::int64_t>{4, 8, 10})) << "cadence saves, then the final state";
-  const auto latest = RunDirectory(tmp / "run", {.recover = false}).latest();
+  const auto latest = RunDirectory(tmp / "run", inspect_only()).latest();
   EXPECT_EQ(latest->metric("loss").has_value(), true);
 }
 
@@ -360,7 +436,7 @@ TEST(Trainer, AutoResumesFromLatestAndContinuesTheExactTrajectory) {
   });
   EXPECT_FALSE(first.trainer->checkpoints());
   first.trainer->fit();
-  EXPECT_EQ(RunDirectory(tmp / "run", {.recover = false}).latest()->step, 9);
+  EXPECT_EQ(RunDirectory(tmp / "run", inspect_only()).latest()->step, 9);
   EXPECT_ERROR_CODE(RunDirectory(tmp / "run", {}), ErrorCode::run_directory_locked);  // the trainer holds the run
   first.trainer.reset();  // the process ends
 
@@ -372,7 +448,7 @@ TEST(Trainer, AutoResumesFromLatestAndContinuesTheExactTrajectory) {
   EXPECT_EQ(second.trainer->fit(), FitOutcome::finished);
   EXPECT_EQ(second.trainer->progress().global_step, 14);
   expect_bit_equal(second.parameters(), continuous.parameters());
-  EXPECT_EQ(RunDirectory(tmp / "run", {.recover = false}).latest()->step, 14);
+  EXPECT_EQ(RunDirectory(tmp / "run", inspect_only()).latest()->step, 14);
 }
 
 TEST(Trainer, AFreshRunDirectoryStartsFromScratch) {
@@ -404,7 +480,7 @@ TEST(Trainer, APreemptionSignalSavesAtTheNextStepBoundaryAndReturns) {
   EXPECT_EQ(outcome, FitOutcome::preempted);
   EXPECT_EQ(PreemptionGuard::signal(), SIGTERM);
   EXPECT_EQ(preempted.trainer->progress().global_step, 5);
-  EXPECT_EQ(RunDirectory(tmp / "run", {.recover = false}).latest()->step, 5);
+  EXPECT_EQ(RunDirectory(tmp / "run", inspect_only()).latest()->step, 5);
   PreemptionGuard::reset();
   preempted.trainer.reset();  // the process exits (kExitPreempted)
 

@@ -38,7 +38,9 @@ TEST_P(DictAtSize, FindsEveryKeyRefusesRepeatsAndKeepsOrder) {
   EXPECT_EQ(dict.find(std::string("model.layers.")), nullptr);
   EXPECT_EQ(dict.find(key_of(0) + "x"), nullptr);
   EXPECT_EQ(dict.find(static_cast<std::int64_t>(n)), nullptr);
-  if (n > 0) EXPECT_EQ(dict.find(std::string("0")), nullptr);
+  if (n > 0) {
+    EXPECT_EQ(dict.find(std::string("0")), nullptr);
+  }
   // A repeated key changes nothing.
   for (std::size_t i = 0; i < n; i += 1 + n / 50) {
     EXPECT_FALSE(dict.insert(key_of(i), Value::none())) << key_of(i);

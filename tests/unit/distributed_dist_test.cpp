@@ -17,6 +17,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "holdpoint/base/signature.h"
 #include "holdpoint/dist/distributed.h"
 #include "holdpoint/dist/gloo_process_group.h"
 #include "holdpoint/state/rng_registry.h"
@@ -535,6 +536,57 @@ TEST_F(DistributedCheckpoint, TamperedShardIsRejectedOnEveryRankWithStateUntouch
     EXPECT_EQ(e->code(), ErrorCode::shard_digest_mismatch) << e->what();
     EXPECT_NE(e->detail().find("rank 0: shard_digest_mismatch"), std::string::npos) << e->detail();
     EXPECT_NE(e->detail().find("rank 1: shard_digest_mismatch"), std::string::npos) << e->detail();
+  }
+}
+
+// The coordinator signs each step manifest it commits; a resume under the
+// trust policy reads them, and a load under another key's policy is refused
+// on every rank with every rank's state untouched: the shards a signed
+// manifest lists are authenticated by it, so none is read unsigned.
+TEST_F(DistributedCheckpoint, SignedStepManifestsResumeUnderTheirKeyAndNoOtherOnEveryRank) {
+  const auto key = std::make_shared<const SigningKey>(SigningKey::generate(SignatureAlgorithm::ed25519));
+  TrustPolicy trust;
+  trust.keys.push_back(key->verifying_key());
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointOptions options = options_with_counter();
+    options.run.signing_key = key;
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    for (const std::int64_t step : {2, 4}) {
+      setup.model.tensors["a"].fill_(static_cast<float>(step));
+      setup.counter.value = 100 * step + rank;
+      checkpointer.save(at_step(step));
+    }
+  }));
+  EXPECT_TRUE(std::filesystem::exists(run_ / "checkpoints" / "step-00000004.pt.sig"));
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    setup.model.tensors["a"].fill_(-1);
+    DistributedCheckpointOptions options = options_with_counter();
+    options.run.trust = trust;
+    DistributedCheckpointer checkpointer(group, setup.state, run_, options);
+    ASSERT_TRUE(checkpointer.resume());
+    EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, 4.0, at::kFloat)));
+  }));
+  TrustPolicy stranger;
+  stranger.keys.push_back(SigningKey::generate(SignatureAlgorithm::ed25519).verifying_key());
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    setup.model.tensors["a"].fill_(-1);
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options_with_counter());
+    DistributedLoadOptions load;
+    load.trust = stranger;
+    try {
+      checkpointer.load_checkpoint(run_ / "checkpoints" / "step-00000004.pt", load);
+    } catch (...) {
+      EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, -1.0, at::kFloat)));
+      throw;
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto e = error_of(errors[r]);
+    ASSERT_TRUE(e) << "rank " << r << " loaded under another key's policy";
+    EXPECT_EQ(e->code(), ErrorCode::signature_key_unknown) << e->what();
   }
 }
 

@@ -24,6 +24,13 @@
 namespace holdpoint {
 namespace {
 
+// Opens a run to inspect it: nothing is recovered or changed.
+RunDirectoryOptions inspect_only() {
+  RunDirectoryOptions options;
+  options.recover = false;
+  return options;
+}
+
 using testing::CrashMode;
 using testing::FaultFileSystem;
 using testing::FaultKind;
@@ -143,7 +150,7 @@ TEST(RunDirectoryLayout, CommitWritesGenerationSidecarIndexAndPointers) {
   // A second writer is locked out while this one is open.
   EXPECT_ERROR_CODE(RunDirectory(run_path, {}), ErrorCode::run_directory_locked);
   // Reopening read-only finds the same run and nothing to recover.
-  RunDirectory reopened(run_path, with_best(RunDirectoryOptions{.recover = false}));
+  RunDirectory reopened(run_path, with_best(inspect_only()));
   EXPECT_TRUE(reopened.recovery().clean()) << ::testing::PrintToString(reopened.recovery().lines());
   EXPECT_EQ(reopened.latest()->sha256, g.sha256);
   EXPECT_EQ(reopened.best()->step, 2);
@@ -158,7 +165,7 @@ TEST(RunDirectoryLayout, ReopenedRunKeepsCommitting) {
   RunDirectory run(tmp / "run");
   run.commit(spec(8), writer_for(8));
   EXPECT_EQ(run.latest()->step, 8);
-  EXPECT_EQ(RunDirectory(tmp / "run", {.recover = false}).generations().size(), 2u);
+  EXPECT_EQ(RunDirectory(tmp / "run", inspect_only()).generations().size(), 2u);
 }
 
 TEST(RunDirectoryCommit, AStepAlreadyCommittedIsRefused) {
@@ -192,7 +199,7 @@ TEST(RunDirectoryCommit, BytesThatDoNotVerifyAreNeverPublished) {
     format::write_pt(sink, Value::dict(std::move(root)));
   };
   EXPECT_ERROR_CODE(run.commit(spec(2), no_manifest), ErrorCode::schema_field_missing);
-  EXPECT_EQ(RunDirectory(tmp / "run", {.recover = false}).latest()->step, 1);
+  EXPECT_EQ(RunDirectory(tmp / "run", inspect_only()).latest()->step, 1);
 }
 
 TEST(RunDirectoryCommit, TheWriterSeesTheFailureAndNothingMoves) {
@@ -215,7 +222,7 @@ TEST(RunDirectoryCommit, TheWriterSeesTheFailureAndNothingMoves) {
 TEST(RunDirectoryCommit, ReadOnlyRunsRefuseToCommit) {
   TempDir tmp;
   { RunDirectory(tmp / "run").commit(spec(1), writer_for(1)); }
-  RunDirectory run(tmp / "run", {.recover = false});
+  RunDirectory run(tmp / "run", inspect_only());
   EXPECT_ERROR_CODE(run.commit(spec(2), writer_for(2)), ErrorCode::invalid_argument);
 }
 
@@ -245,7 +252,7 @@ TEST_F(RunRecovery, StaleStagingFilesAreRemoved) {
 TEST_F(RunRecovery, ReadOnlyOpenChangesNothingAndSaysWhatItWouldDo) {
   write_text(path() / "checkpoints" / ".step-00000004.pt.staging-12-34", "half a file");
   std::filesystem::copy_file(gen(3), gen(9));
-  RunDirectory run(path(), with_best(RunDirectoryOptions{.recover = false}));
+  RunDirectory run(path(), with_best(inspect_only()));
   EXPECT_TRUE(run.recovery().read_only);
   EXPECT_EQ(run.recovery().removed_staging.size(), 1u);
   EXPECT_EQ(run.recovery().removed_uncommitted, std::vector<std::string>{"step-00000009.pt"});
@@ -411,7 +418,7 @@ TEST(RunDirectorySymlinks, ARunDirectoryThatIsASymlinkIsRefused) {
   { RunDirectory(tmp / "real").commit(spec(1), writer_for(1)); }
   std::filesystem::create_directory_symlink(tmp / "real", tmp / "link");
   EXPECT_ERROR_CODE(RunDirectory(tmp / "link"), ErrorCode::io_open_failed);
-  EXPECT_ERROR_CODE(RunDirectory(tmp / "link", {.recover = false}), ErrorCode::io_open_failed);
+  EXPECT_ERROR_CODE(RunDirectory(tmp / "link", inspect_only()), ErrorCode::io_open_failed);
 }
 
 TEST(RunDirectorySymlinks, ACheckpointsSymlinkIsRefused) {
@@ -432,7 +439,7 @@ TEST(RunDirectorySymlinks, ASymlinkAtTheGenerationNameIsNeitherFollowedNorReplac
   EXPECT_EQ(read_text(tmp / "victim"), "precious");
   EXPECT_TRUE(std::filesystem::is_symlink(tmp / "run" / "checkpoints" / "step-00000002.pt"));
   // Recovery reports it as damaged, moves the link itself aside and does not read through it.
-  RunDirectory inspected(tmp / "run", {.recover = false});
+  RunDirectory inspected(tmp / "run", inspect_only());
   ASSERT_EQ(inspected.recovery().damaged.size(), 1u);
   EXPECT_EQ(inspected.recovery().damaged[0].code, ErrorCode::io_not_regular_file);
   EXPECT_EQ(inspected.latest()->step, 1);
@@ -476,7 +483,7 @@ TEST(RunDirectoryLock, ASecondWriterIsRefusedAndReadersAreNot) {
   RunDirectoryOptions explicit_posix;
   explicit_posix.file_system = &io::posix_file_system();
   EXPECT_ERROR_CODE(RunDirectory(tmp / "run", explicit_posix), ErrorCode::run_directory_locked);
-  RunDirectory reader(tmp / "run", {.recover = false});
+  RunDirectory reader(tmp / "run", inspect_only());
   EXPECT_EQ(reader.latest()->step, 1);
 }
 
@@ -505,7 +512,7 @@ TEST(RunRetention, KeepLastEveryAndBestCombine) {
     EXPECT_FALSE(std::filesystem::exists(tmp / "run" / "checkpoints" / name));
     EXPECT_FALSE(std::filesystem::exists(tmp / "run" / "checkpoints" / (name + ".sha256")));
   }
-  RunDirectory reopened(tmp / "run", with_best(RunDirectoryOptions{.recover = false}));
+  RunDirectory reopened(tmp / "run", with_best(inspect_only()));
   EXPECT_TRUE(reopened.recovery().clean());
   EXPECT_EQ(steps_of(reopened.generations()), (std::vector<std::int64_t>{3, 4, 7, 8, 9, 10}));
 }
@@ -588,7 +595,9 @@ std::int64_t check_recovered(FaultFileSystem& fs, std::int64_t previous, std::in
   EXPECT_EQ(fs.contents(std::string(kRun) + "/LATEST"), latest->name + " " + latest->sha256.hex() + "\n");
   EXPECT_TRUE(staging_left(fs).empty()) << ::testing::PrintToString(staging_left(fs));
   for (const auto& g : run.generations()) EXPECT_TRUE(run.verify(g).ok) << g.name;
-  if (const auto best = run.best()) EXPECT_TRUE(fs.exists(std::string(kRun) + "/checkpoints/" + best->name));
+  if (const auto best = run.best()) {
+    EXPECT_TRUE(fs.exists(std::string(kRun) + "/checkpoints/" + best->name));
+  }
   // The recovered run accepts the next save.
   const std::int64_t after = std::max(latest->step, next) + 1;
   run.commit(spec(after, 0.01), writer_for(after));
@@ -677,7 +686,9 @@ TEST_P(RunFaultSweep, AFreshProcessAfterTheFailureRecovers) {
     }
     fs.crash();
     const std::int64_t step = check_recovered(fs, threw ? 2 : 3, 3);
-    if (!threw) EXPECT_EQ(step, 3);
+    if (!threw) {
+      EXPECT_EQ(step, 3);
+    }
     outcomes.insert(step);
   }
   EXPECT_TRUE(completed);
@@ -798,7 +809,9 @@ TEST(RunRetentionProperty, RandomSequencesKeepLatestBestAndTheNewestVerifiedGene
         const auto best = run->best();
         for (const auto& name : plan.remove) {
           EXPECT_NE(name, latest->name);
-          if (best) EXPECT_NE(name, best->name);
+          if (best) {
+            EXPECT_NE(name, best->name);
+          }
         }
         run->collect_garbage(policy, random() % 4 == 0);
       } else if (choice < 9) {
@@ -833,7 +846,9 @@ TEST(RunRetentionProperty, RandomSequencesKeepLatestBestAndTheNewestVerifiedGene
       if (const auto best = run->best()) {
         EXPECT_TRUE(fs.exists(std::string(kRun) + "/checkpoints/" + best->name));
         for (const auto& g : run->generations()) {
-          if (const auto loss = g.metric("loss")) EXPECT_LE(*best->metric("loss"), *loss);
+          if (const auto loss = g.metric("loss")) {
+            EXPECT_LE(*best->metric("loss"), *loss);
+          }
         }
       }
       for (const auto& g : run->generations()) EXPECT_TRUE(fs.exists(std::string(kRun) + "/checkpoints/" + g.name));

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -305,6 +306,51 @@ TEST(ScanMatchesLoad, WrittenCheckpoints) {
   }
 }
 
+// A tree scan says where each storage's bytes lie: read from there, they are
+// the bytes the loaded tensor's storage holds (zip records with their CRC-32,
+// safetensors extents without one); a verdict scan, and a load, list none.
+TEST(ScanStorageLocations, PointAtEachStoragesBytesInTheFile) {
+  TempDir dir;
+  for (const FileFormat format : {FileFormat::pytorch_zip, FileFormat::safetensors}) {
+    const auto path = dir / (format == FileFormat::safetensors ? "flat.safetensors" : "sample.pt");
+    save_mapping(path, format == FileFormat::safetensors ? flat_mapping(4, 1000) : sample_mapping(),
+                 scratch_save(format));
+    const auto file = read_file_bytes(path);
+    const LoadedMapping scanned_tree = scan_checkpoint(path);
+    const LoadedMapping read = load_checkpoint_mapping(path);
+    EXPECT_FALSE(scanned_tree.storage_locations.empty());
+    EXPECT_TRUE(scan_checkpoint(path, {}, ScanKeeps::verdict).storage_locations.empty());
+    EXPECT_TRUE(read.storage_locations.empty());
+    std::map<const void*, StorageLocation> by_identity;
+    for (const StorageLocation& location : scanned_tree.storage_locations) by_identity[location.identity] = location;
+    // The two trees list their tensors in the same order.
+    std::vector<const TensorData*> scanned_tensors;
+    std::vector<const TensorData*> read_tensors;
+    const auto collect = [](const Value& root, std::vector<const TensorData*>& out) {
+      const std::function<void(const Value&)> walk = [&](const Value& value) {
+        if (value.is_tensor()) out.push_back(&value.as_tensor());
+        if (value.is_sequence()) for (const Value& item : value.as_list()) walk(item);
+        if (value.is_dict()) for (const auto& [key, item] : value.as_dict()) walk(item);
+      };
+      walk(root);
+    };
+    collect(scanned_tree.root, scanned_tensors);
+    collect(read.root, read_tensors);
+    ASSERT_EQ(scanned_tensors.size(), read_tensors.size());
+    ASSERT_FALSE(scanned_tensors.empty());
+    for (std::size_t i = 0; i < scanned_tensors.size(); ++i) {
+      const auto found = by_identity.find(scanned_tensors[i]->storage->identity());
+      ASSERT_NE(found, by_identity.end()) << "tensor " << i;
+      const StorageLocation& at = found->second;
+      ASSERT_LE(at.offset + at.size, file.size());
+      const auto expected = read_tensors[i]->storage->bytes();
+      ASSERT_EQ(at.size, expected.size());
+      EXPECT_EQ(std::memcmp(file.data() + at.offset, expected.data(), expected.size()), 0) << "tensor " << i;
+      EXPECT_EQ(at.crc32.has_value(), format == FileFormat::pytorch_zip);
+    }
+  }
+}
+
 TEST(ScanMatchesLoad, MalformedArchiveLayouts) {
   using testing::zip_entry;
   TempDir dir;
@@ -437,7 +483,9 @@ TEST(ScanMatchesLoad, LargeFilesParsedWhileReadReportTheDamageAReadingInOrderFin
     write_file_bytes(path, damaged);
     const Outcome load = loaded(path);
     ASSERT_TRUE(load.code.has_value()) << "the damage was meant to be refused";
-    if (damage.code) EXPECT_EQ(load.code, damage.code);
+    if (damage.code) {
+      EXPECT_EQ(load.code, damage.code);
+    }
     Outcome in_memory;
     try {
       parse_checkpoint_bytes(damaged, nullptr);

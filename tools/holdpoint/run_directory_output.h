@@ -35,6 +35,7 @@ nlohmann::ordered_json recovery_json(const RecoveryReport& report);
 int report_error(std::ostream& out, ErrorCode code, const std::string& message);
 
 // `holdpoint verify RUN`: every generation, LATEST and BEST (verify_run.cpp).
-int verify_run_directory(const std::string& run, bool json);
+// With `trust`, also every signature of the run (RunDirectory::verify_signatures).
+int verify_run_directory(const std::string& run, bool json, const std::optional<TrustPolicy>& trust = std::nullopt);
 
 }  // namespace holdpoint::cli

@@ -4,12 +4,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "commands.h"
 #include "holdpoint/base/signature.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/run/provenance.h"
+#include "holdpoint/run/run_directory.h"
 
 namespace holdpoint::cli {
 
@@ -47,9 +49,34 @@ struct SignArguments {
   std::string previous;
 };
 
+// A run directory: every committed generation not signed yet, in step order
+// on the chain, then LATEST, BEST and index.json (RunDirectory::sign).
+int sign_run_directory(const SignArguments& args, const SigningKey& key) {
+  if (!args.previous.empty()) {
+    std::cerr << "error: invalid_argument: --previous is for one file; a run's chain is taken from its own "
+                 "signatures\n";
+    return kExitUsage;
+  }
+  RunDirectoryOptions options;
+  options.create = false;
+  RunDirectory run(args.file, std::move(options));
+  if (!run.latest()) {
+    std::cout << "invalid: run_no_generation: " << args.file << " has no committed generation to sign\n";
+    return kExitInvalid;
+  }
+  const std::vector<std::string> written = run.sign(key);
+  for (const auto& name : written) std::cout << "  signed  " << name << "\n";
+  std::cout << "signed " << args.file << " with key " << key.key_id() << ": " << written.size()
+            << (written.size() == 1 ? " signature" : " signatures") << " written, LATEST " << run.latest()->name
+            << "\n";
+  return kExitOk;
+}
+
 int run_sign(const SignArguments& args) {
   try {
     const SigningKey key = SigningKey::read_file(args.key);
+    std::error_code ignored;
+    if (std::filesystem::is_directory(args.file, ignored)) return sign_run_directory(args, key);
     LoadOptions options;
     options.progress = terminal_progress("reading " + args.file);
     SignedStatement statement = checkpoint_statement(args.file, options);
@@ -93,8 +120,9 @@ void add_sign_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<SignArguments>();
   CLI::App* command = app.add_subcommand(
       "sign", "Verify FILE, then write FILE.sig: a statement of its name, size, SHA-256, step, config identity and "
-              "profile, signed with KEY (exit 0 signed, 1 FILE is invalid, 2 usage/IO error)");
-  command->add_option("file", args->file, "the checkpoint file to sign")->required();
+              "profile, signed with KEY. For a run directory: sign every generation not signed yet, each naming the "
+              "one before it, then LATEST, BEST and index.json (exit 0 signed, 1 invalid, 2 usage/IO error)");
+  command->add_option("file", args->file, "the checkpoint file or run directory to sign")->required();
   command->add_option("--key", args->key, "the private key (from holdpoint keygen, or an Ed25519 PEM key)")->required();
   command->add_option("--previous", args->previous,
                       "the SHA-256 of the generation signed before this one, recorded in the statement");

@@ -165,7 +165,14 @@ int run_verify(const VerifyArguments& args) {
                 << " is a directory (its generations are checked against their own records)\n";
       return kExitUsage;
     }
-    return verify_run_directory(args.file, args.json);
+    try {
+      std::optional<TrustPolicy> trust;
+      if (!args.trust.empty()) trust = trust_policy(args.trust, args.revoked, !args.signature_optional);
+      return verify_run_directory(args.file, args.json, trust);
+    } catch (const Error& error) {  // a key file or revocation list that does not read
+      std::cerr << "error: " << error_code_name(error.code()) << ": " << error.what() << "\n";
+      return exit_code_for(error.code());
+    }
   }
   nlohmann::ordered_json report;
   report["file"] = args.file;

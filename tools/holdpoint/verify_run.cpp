@@ -5,7 +5,9 @@
 // names one of them, and BEST, when present, does too. Stale staging files,
 // uncommitted generations newer than LATEST and index entries recovery would
 // rebuild are reported but do not make the run invalid: opening the run
-// repairs them without losing a committed generation.
+// repairs them without losing a committed generation. With --trust, every
+// signature must verify too: the generations', the chain's, and LATEST's,
+// BEST's and index.json's (docs/threat-model.md, "Signing a run").
 #include <algorithm>
 #include <iostream>
 
@@ -16,7 +18,7 @@
 
 namespace holdpoint::cli {
 
-int verify_run_directory(const std::string& path, bool json) {
+int verify_run_directory(const std::string& path, bool json, const std::optional<TrustPolicy>& trust) {
   const auto run = open_run_directory(path, /*recover=*/false, json);
   if (!run) return kExitUsage;
   const RecoveryReport& report = run->recovery();
@@ -46,6 +48,16 @@ int verify_run_directory(const std::string& path, bool json) {
     code = ErrorCode::run_pointer_invalid;
     message = path + ": BEST: " + *report.best_problem;
   }
+  const std::vector<GenerationCheck> signatures = trust ? run->verify_signatures(*trust) : std::vector<GenerationCheck>{};
+  std::size_t bad_signatures = 0;
+  for (const auto& check : signatures) {
+    if (check.ok) continue;
+    ++bad_signatures;
+    if (!code) {
+      code = *check.code;
+      message = path + ": " + check.name + ": " + check.detail;
+    }
+  }
   const auto best = run->best();
 
   if (json) {
@@ -61,6 +73,11 @@ int verify_run_directory(const std::string& path, bool json) {
     out["best"] = {{"name", best ? nlohmann::ordered_json(best->name) : nullptr},
                    {"ok", !report.best_problem.has_value()},
                    {"problem", report.best_problem ? nlohmann::ordered_json(*report.best_problem) : nullptr}};
+    if (trust) {
+      nlohmann::ordered_json signed_list = nlohmann::ordered_json::array();
+      for (const auto& check : signatures) signed_list.push_back(check_json(check));
+      out["signatures"] = std::move(signed_list);
+    }
     out["recovery"] = recovery_json(report);
     if (code) {
       out["code"] = std::string(error_code_name(*code));
@@ -82,13 +99,22 @@ int verify_run_directory(const std::string& path, bool json) {
     out << "  BEST:   " << (best && !report.best_problem ? best->name + " (verified)" : "problem: " + *report.best_problem)
         << "\n";
   }
+  for (const auto& check : signatures) {
+    out << "  " << (check.ok ? "signed  " : "FAILED  ") << check.name << "  "
+        << (check.ok ? check.detail : to_text(check)) << "\n";
+  }
   for (const auto& line : report.lines()) out << "  recovery (read-only): " << line << "\n";
   if (code) {
     out << "invalid: " << error_code_name(*code) << ": " << message << " (" << failures << " of " << checks.size()
-        << " generations fail)\n";
+        << " generations fail";
+    if (trust) out << ", " << bad_signatures << " of " << signatures.size() << " signature checks fail";
+    out << ")\n";
     return kExitInvalid;
   }
-  out << "valid: " << path << " (" << checks.size() << (checks.size() == 1 ? " generation" : " generations") << " verified, LATEST " << latest->name << ")\n";
+  out << "valid: " << path << " (" << checks.size() << (checks.size() == 1 ? " generation" : " generations")
+      << " verified, LATEST " << latest->name;
+  if (trust) out << "; " << signatures.size() << " signature checks passed";
+  out << ")\n";
   return kExitOk;
 }
 

@@ -44,6 +44,8 @@ namespace holdpoint {
   X(signature_key_unknown, "the signature's key id names no key the trust policy holds") \
   X(signature_key_revoked, "the signature's key id is on the trust policy's revocation list") \
   X(signature_statement_mismatch, "the signed statement names another file, size or digest than the one read") \
+  X(signature_chain_broken, "a signed generation's previous-sha256 names no signed generation of the run: a generation missing, reordered or replaced") \
+  X(signature_rollback, "LATEST or BEST names a signed generation older than the newest one the run's signatures record: a rolled-back pointer") \
   X(key_file_invalid, "a key file is missing, unreadable, or not an Ed25519 PEM key or holdpoint HMAC key") \
   /* container detection */                                                                   \
   X(unknown_format, "the bytes are neither a PyTorch zip, a legacy PyTorch stream nor safetensors") \

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "holdpoint/base/byte_sink.h"
+#include "holdpoint/base/signature.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/state/component.h"
 #include "holdpoint/schema/config_identity.h"
@@ -81,6 +82,9 @@ struct CheckpointLoadOptions {
   Limits limits;
   // Checked before any byte is parsed (see LoadOptions::expected_sha256).
   std::optional<Sha256Digest> expected_sha256;
+  // The signature the file must carry (holdpoint/base/signature.h), checked
+  // before any byte is parsed; see LoadOptions::trust.
+  std::optional<TrustPolicy> trust;
 };
 
 // Options of the loads that CheckpointManager and DistributedCheckpointer run
@@ -168,7 +172,10 @@ class TrainingState {
   PreparedCheckpoint prepare_save(const CheckpointSaveOptions& options = {}, const StateStager& stage = {}) const;
   LoadReport load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
-  LoadReport load_trusted_checkpoint(const std::filesystem::path& path);
+  // With `trust`, the file's signature is checked, and its bytes held to the
+  // signed digest, before LibTorch reads it.
+  LoadReport load_trusted_checkpoint(const std::filesystem::path& path,
+                                     const std::optional<TrustPolicy>& trust = std::nullopt);
 
   // Hook for tests and instrumentation: called after each component is applied
   // during load_checkpoint (a throw here exercises the rollback).

@@ -112,6 +112,9 @@ struct DistributedSaveResult {
 
 struct DistributedLoadOptions {
   std::optional<Sha256Digest> expected_sha256;  // of the step manifest
+  // The signature the step manifest must carry (load_checkpoint; resume
+  // takes the run's RunDirectoryOptions::trust instead).
+  std::optional<TrustPolicy> trust;
   // Allow a checkpoint of another world size (the live profile must be unqualified).
   bool allow_world_size_change = false;
 };

@@ -11,6 +11,7 @@
 
 #include "holdpoint/base/signature.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/loaded_mapping.h"
 
 namespace holdpoint {
 
@@ -20,5 +21,7 @@ namespace holdpoint {
 // step's), the config identity (the load-bearing digest) and the profile its
 // manifest records. `created` and `previous_sha256` are left to the signer.
 SignedStatement checkpoint_statement(const std::filesystem::path& file, const LoadOptions& options = {});
+// The same from a mapping already read and verified, for the file `file_name`.
+SignedStatement checkpoint_statement(const LoadedMapping& mapping, std::string file_name);
 
 }  // namespace holdpoint

@@ -67,6 +67,7 @@
 #include "holdpoint/base/error.h"
 #include "holdpoint/format/limits.h"
 #include "holdpoint/base/sha256.h"
+#include "holdpoint/base/signature.h"
 
 namespace holdpoint {
 
@@ -153,6 +154,17 @@ struct RunDirectoryOptions {
   ReadBack read_back = ReadBack::cached;  // how a generation is checked before commit (docs/publication.md)
   Limits limits;                          // bounds of every verifying read
   std::function<void(const std::string&)> log;  // recovery and retention messages
+  // Signs the run as it goes (docs/threat-model.md, "Signing a run"): each
+  // generation this object commits gets checkpoints/step-N.pt.sig once LATEST
+  // names it, its statement taken from the file on disk (one more read of
+  // it) and naming the digest of the generation signed before it; then
+  // LATEST, BEST and index.json are signed over again. Open signs what a
+  // crash left unsigned. The key stays in this process's memory.
+  std::shared_ptr<const SigningKey> signing_key;
+  // Signatures that load() and verify() require of a generation, checked
+  // before a byte of it is read; CheckpointManager::resume also checks the
+  // whole run (verify_signatures) before it loads LATEST.
+  std::optional<TrustPolicy> trust;
   // Test instrumentation: called inside commit() with "published" once the
   // generation file and its sidecar are durable, before index.json and LATEST
   // move (crash tests kill the process there).
@@ -226,6 +238,30 @@ class RunDirectory {
   LoadedMapping load(const GenerationInfo& generation) const;
   GenerationCheck verify(const GenerationInfo& generation) const;
   std::vector<GenerationCheck> verify_all() const;
+
+  // Signs, with `key`, every committed generation that has no valid-looking
+  // signature yet (oldest first, each statement naming the digest of the
+  // generation before it in the chain), then LATEST, BEST and index.json.
+  // Existing generation signatures are kept: the chain goes on from them.
+  // Returns the files written, relative to the run directory.
+  std::vector<std::string> sign(const SigningKey& key);
+  // Checks the run's signatures under `policy`, one check per signature file
+  // and one for the chain:
+  //   - each checkpoints/step-N.pt.sig verifies under the policy, names its
+  //     file, and (for a committed generation) its size and SHA-256;
+  //   - a committed generation without one: signature_missing (required);
+  //   - by step, each signed generation's previous-sha256 is the digest of
+  //     the signed generation before it: signature_chain_broken otherwise;
+  //   - LATEST names the newest signed generation, and LATEST.sig, BEST.sig
+  //     and index.json.sig sign the current bytes and name that generation
+  //     as the chain's head: signature_rollback otherwise (an older pointer,
+  //     or an older signature of it, put back).
+  // Signatures of generations that retention removed stay, so the chain
+  // stays whole. Never throws on content: failures are checks with a code.
+  std::vector<GenerationCheck> verify_signatures(const TrustPolicy& policy) const;
+  // verify_signatures, throwing the first failed check as an Error naming the
+  // run and the file (what resume runs under RunDirectoryOptions::trust).
+  void require_signatures(const TrustPolicy& policy) const;
 
   // What a retention policy would keep and remove now.
   GcPlan plan_gc(const RetentionPolicy& policy) const;

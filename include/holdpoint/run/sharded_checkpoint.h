@@ -43,6 +43,7 @@
 #include "holdpoint/format/limits.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/base/sha256.h"
+#include "holdpoint/base/signature.h"
 #include "holdpoint/format/value.h"
 
 namespace holdpoint {
@@ -78,6 +79,9 @@ Value merge_replicated_pieces(const std::string& component, std::span<const Valu
 struct ShardedReadOptions {
   Limits limits;
   std::optional<Sha256Digest> expected_sha256;  // of the step manifest
+  // The signature the step manifest must carry, checked before it is read;
+  // the shard digests it lists are then authenticated by it.
+  std::optional<TrustPolicy> trust;
   // Ranks whose shards to read; empty reads every shard.
   std::vector<std::int64_t> ranks;
   // Recompute each shard's component digests (a second pass over the bytes;

@@ -3,10 +3,14 @@
 // becomes the digest the file must have (docs/threat-model.md, "Signatures").
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
 
+#include "holdpoint/base/file_system.h"
 #include "holdpoint/base/sha256.h"
+#include "holdpoint/base/signature.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 
 namespace holdpoint::format {
@@ -16,5 +20,17 @@ namespace holdpoint::format {
 // expected_sha256 and the file's size must agree with the statement:
 // signature_statement_mismatch), else options.expected_sha256.
 std::optional<Sha256Digest> expected_digest(const std::filesystem::path& path, const LoadOptions& options);
+
+// The same for the file `name` of `directory`, its `<name>.sig` read through
+// the directory (run directories, sharded steps). Errors name no path: the
+// caller adds it.
+std::optional<Sha256Digest> expected_digest(io::Directory& directory, const std::string& name,
+                                            const TrustPolicy& trust, const std::optional<Sha256Digest>& expected);
+
+// The checks both share: `signature` (of the file `name`, `size` bytes on
+// disk) verifies under `trust` and its statement names that file, that size
+// and, when given, the `expected` digest. Returns the signed digest.
+Sha256Digest signed_digest(const SignatureFile& signature, const TrustPolicy& trust, const std::string& name,
+                           std::optional<std::uint64_t> size, const std::optional<Sha256Digest>& expected);
 
 }  // namespace holdpoint::format

@@ -116,6 +116,17 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
           .with_path(error.path());
     }
   }
+  // Signed once committed: a signed generation newer than LATEST is then
+  // never a crash's leftover (run_signatures.cpp).
+  if (d.options.signing_key) {
+    try {
+      d.sign_run(*d.options.signing_key);
+    } catch (const Error& error) {
+      throw Error(error.code(), concat(g.name, " is committed (LATEST names it), but signing it failed: ",
+                                       error.detail()))
+          .with_path(error.path());
+    }
+  }
   return result;
 }
 

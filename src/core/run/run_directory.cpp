@@ -200,6 +200,12 @@ RunDirectory::RunDirectory(const std::filesystem::path& path, RunDirectoryOption
   impl_->fs = impl_->options.file_system ? impl_->options.file_system : &io::posix_file_system();
   try {
     impl_->open();
+    // What a crash between a commit and its signatures left unsigned.
+    if (impl_->options.signing_key && impl_->options.recover) {
+      for (const auto& name : impl_->sign_run(*impl_->options.signing_key)) {
+        impl_->log(concat(path.string(), ": signed ", name));
+      }
+    }
   } catch (const Error& error) {
     impl_->rethrow_with_run(error);
   }
@@ -244,6 +250,7 @@ LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
   const Impl& d = *impl_;
   try {
     if (!d.checkpoints) fail(ErrorCode::run_generation_missing, "there is no checkpoints/ directory");
+    d.check_generation_signature(generation);
     LoadedMapping mapping;
     const io::Snapshot snapshot = d.checkpoints->read(generation.name, d.options.limits.max_file_bytes,
                                                       generation.sha256, {}, format::checkpoint_parser(mapping, d.options.limits));
@@ -255,11 +262,20 @@ LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
   }
 }
 
-GenerationCheck RunDirectory::verify(const GenerationInfo& generation) const { return impl_->check(generation, false); }
+GenerationCheck RunDirectory::verify(const GenerationInfo& generation) const {
+  // Recovery never applies the trust policy: an unsigned generation is not a
+  // damaged one, and is never moved aside for it.
+  try {
+    impl_->check_generation_signature(generation);
+  } catch (const Error& error) {
+    return {generation.name, false, error.code(), error.detail()};
+  }
+  return impl_->check(generation, false);
+}
 
 std::vector<GenerationCheck> RunDirectory::verify_all() const {
   std::vector<GenerationCheck> out;
-  for (const auto& [step, g] : impl_->committed) out.push_back(impl_->check(g, false));
+  for (const auto& [step, g] : impl_->committed) out.push_back(verify(g));
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "base/publish.h"
 #include "holdpoint/base/file_system.h"
@@ -117,6 +118,27 @@ struct RunDirectory::Impl {
   // Moves a damaged generation (and its sidecar) aside under a name that is
   // not a generation's, so nothing here deletes or re-adopts it.
   void quarantine(const std::string& name);
+
+  // ---- run_signatures.cpp ----
+  // checkpoints/step-N.pt.sig files, by step.
+  std::map<std::int64_t, std::string> generation_signatures() const;
+  // A signature file of `dir`, parsed (signature_malformed); nullopt when absent.
+  std::optional<SignatureFile> read_signature(io::Directory& dir, const std::string& name) const;
+  // The statement of a committed generation, from its bytes on disk
+  // (read once more, against its recorded digest).
+  SignedStatement generation_statement(const GenerationInfo& g) const;
+  // Signs the committed generations that lack a signature, then the pointers
+  // and the index (RunDirectory::sign).
+  std::vector<std::string> sign_run(const SigningKey& key);
+  void sign_pointers(const SigningKey& key, const Sha256Digest& head, std::vector<std::string>& written);
+  // Under options.trust: the signature of `g`, before its bytes are read
+  // (signature codes; a statement that disagrees with the recorded size or
+  // digest is signature_statement_mismatch).
+  void check_generation_signature(const GenerationInfo& g) const;
+  // Under options.trust, when recovering: signature_rollback when `g`, newer
+  // than LATEST, carries a signature the policy accepts (recovery would
+  // remove it).
+  void refuse_signed_rollback(const GenerationInfo& g) const;
 
   // ---- run_commit.cpp ----
   // Moves BEST to `g` when its metric improved; true when it did.

@@ -285,6 +285,11 @@ void RunDirectory::Impl::verify_latest(ByStep& present) {
 // moved to them.
 void RunDirectory::Impl::remove_uncommitted(ByStep& present) {
   for (auto it = present.upper_bound(*latest); it != present.end();) {
+    // Generations are signed only once committed: a newer one that carries a
+    // trusted signature was committed, and LATEST was put back. Its signature
+    // stays either way (verify_signatures reports the rollback); with a trust
+    // policy, nothing is removed and the open fails.
+    refuse_signed_rollback(it->second);
     report.removed_uncommitted.push_back(it->second.name);
     if (options.recover) {
       checkpoints->unlink(it->second.name);

@@ -1,3 +1,4 @@
+#include "format/signed_digest.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 
 #include <algorithm>
@@ -403,7 +404,11 @@ ShardedCheckpoint read_sharded_checkpoint(io::Directory& directory, const std::s
   try {
     ShardedCheckpoint out;
     out.path = directory.path() / manifest_name;
-    io::Snapshot snapshot = directory.read(manifest_name, options.limits.max_file_bytes, options.expected_sha256);
+    // A signed step manifest authenticates the shard digests it lists.
+    const std::optional<Sha256Digest> expected =
+        options.trust ? format::expected_digest(directory, manifest_name, *options.trust, options.expected_sha256)
+                      : options.expected_sha256;
+    io::Snapshot snapshot = directory.read(manifest_name, options.limits.max_file_bytes, expected);
     out.sha256 = snapshot.sha256;
     out.manifest_bytes = snapshot.buffer->size();
     const LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, options.limits);

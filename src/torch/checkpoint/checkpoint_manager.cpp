@@ -101,6 +101,9 @@ std::optional<LoadReport> CheckpointManager::resume() {
     }
     return std::nullopt;
   }
+  // The whole run's signatures first: a rolled-back LATEST or a broken chain
+  // is refused before a generation is read (load() then checks LATEST's own).
+  if (const auto& trust = impl_->run.options().trust) impl_->run.require_signatures(*trust);
   const LoadedMapping mapping = impl_->run.load(*latest);
   LoadReport report = TrainingStateAccess::load_parsed(impl_->state, mapping, impl_->run.file_path(*latest));
   impl_->log(concat("resumed ", impl_->run.path().string(), " from ", latest->name, " (step ", latest->step, ")"));

@@ -51,6 +51,7 @@ LoadedMapping read_untrusted(const std::filesystem::path& path, const Checkpoint
   LoadOptions load_options;
   load_options.limits = options.limits;
   load_options.expected_sha256 = options.expected_sha256;
+  load_options.trust = options.trust;
   try {
     return load_checkpoint_mapping(path, load_options);
   } catch (const Error& error) {
@@ -404,8 +405,11 @@ LoadReport TrainingState::load_model_state(const std::filesystem::path& path, co
 
 // ---- trusted -------------------------------------------------------------------------------
 
-LoadReport TrainingState::load_trusted_checkpoint(const std::filesystem::path& path) {
-  const LoadedMapping mapping = load_trusted_mapping(path);
+LoadReport TrainingState::load_trusted_checkpoint(const std::filesystem::path& path,
+                                                  const std::optional<TrustPolicy>& trust) {
+  LoadOptions options;
+  options.trust = trust;
+  const LoadedMapping mapping = load_trusted_mapping(path, options);
   LoadReport report;
   report.path = path;
   report.sha256 = mapping.sha256;

@@ -535,6 +535,8 @@ std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const Distr
   const auto mine = attempt([&] {
     if (d.rank != 0) return;
     d.latest = d.run->latest();
+    // The run's signatures (chain, pointers) before LATEST is read.
+    if (d.latest && d.options.run.trust) d.run->require_signatures(*d.options.run.trust);
     if (const auto lost = d.latest ? std::nullopt : d.run->recovery().lost_generations()) {
       fail(ErrorCode::run_no_generation, d.path.string(),
            ": no generation verifies, but the run directory shows an earlier run (", *lost,
@@ -547,6 +549,7 @@ std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const Distr
   if (!d.latest) return std::nullopt;
   DistributedLoadOptions load_options = options;
   load_options.expected_sha256 = d.latest->sha256;
+  if (!load_options.trust) load_options.trust = d.options.run.trust;
   return load_checkpoint(d.path / kCheckpointsDirectory / d.latest->name, load_options);
 }
 
@@ -561,6 +564,7 @@ DistributedLoadReport DistributedCheckpointer::load_checkpoint(const std::filesy
     ShardedReadOptions read_options;
     read_options.limits = d.options.run.limits;
     read_options.expected_sha256 = options.expected_sha256;
+    read_options.trust = options.trust;
     const ShardedCheckpoint checkpoint = read_sharded_checkpoint(manifest_path, read_options);
     const Sharding& sharding = checkpoint.sharding();
     out.saved_world_size = sharding.world_size;

@@ -100,6 +100,15 @@ LoadedMapping load_trusted_mapping(const std::filesystem::path& path, const Load
       case ErrorCode::sha256_mismatch:
       case ErrorCode::sha256_invalid:
       case ErrorCode::file_empty:
+      // A signature the trust policy refuses is never a reason to read the
+      // file some other way.
+      case ErrorCode::signature_missing:
+      case ErrorCode::signature_malformed:
+      case ErrorCode::signature_invalid:
+      case ErrorCode::signature_key_unknown:
+      case ErrorCode::signature_key_revoked:
+      case ErrorCode::signature_statement_mismatch:
+      case ErrorCode::key_file_invalid:
         throw;
       default: break;
     }
