@@ -228,6 +228,22 @@ TEST(RunSignatures, AGapInTheChainIsFound) {
   EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_chain_broken);
 }
 
+TEST(RunSignatures, GenerationsSwappedWithTheirSignaturesAreFound) {
+  TempDir tmp;
+  Signer signer;
+  const fs::path run = signed_run(tmp, signer);
+  // Steps 2 and 3 trade places, each with its signature and sidecar: every
+  // statement names its own file, so the swap cannot pass for the chain.
+  for (const char* suffix : {"", ".sig", ".sha256"}) {
+    const fs::path two = run / "checkpoints" / (std::string("step-00000002.pt") + suffix);
+    const fs::path three = run / "checkpoints" / (std::string("step-00000003.pt") + suffix);
+    fs::rename(two, run / "swap");
+    fs::rename(three, two);
+    fs::rename(run / "swap", three);
+  }
+  EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_statement_mismatch);
+}
+
 TEST(RunSignatures, AGenerationReplacedWithAnotherSignedOneBreaksTheChain) {
   TempDir tmp;
   Signer signer;
