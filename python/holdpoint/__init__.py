@@ -33,6 +33,7 @@ __all__ = [
     "RunDirectory",
     "TensorInfo",
     "TrustPolicy",
+    "diff",
     "error_codes",
     "inspect",
     "load",
@@ -241,6 +242,25 @@ def verify(path: PathLike, *, expected_sha256: Optional[str] = None, sidecar: bo
     ``trust``, the file's signature is checked first (see :class:`TrustPolicy`)."""
     return _native.verify(_path(path), expected_sha256, sidecar, dict(limits) if limits else None,
                           native_trust(trust))
+
+
+def diff(a: PathLike, b: PathLike, *, atol: float = 0.0, rtol: float = 0.0, limits: Optional[Limits] = None,
+         trust: Optional[TrustPolicy] = None) -> dict:
+    """Compares two checkpoint files tensor by tensor, in bounded memory, as
+    ``holdpoint diff`` does (docs/cli.md, "diff"): both are verified through the
+    restricted reader first, then read a chunk at a time. Returns the JSON report as
+    a dict: ``"same"`` (no difference beyond ``atol + rtol * |b|``), ``"entries"``
+    (each with ``path``, ``section``, ``change``, the two sides and, for numbers and
+    tensors, the count of differing elements and the largest absolute and relative
+    deviation), both files' digests, and ``"text"``, the report as the CLI prints it.
+    Raises :class:`Error` when a file does not verify."""
+    import json
+
+    report_json, text = _native.diff(_path(a), _path(b), float(atol), float(rtol), dict(limits) if limits else None,
+                                     native_trust(trust))
+    report = cast(dict, json.loads(report_json))
+    report["text"] = text
+    return report
 
 
 def sign(path: PathLike, *, key: PathLike, previous_sha256: Optional[str] = None,

@@ -1,4 +1,4 @@
-"""python -m holdpoint inspect|verify FILE: the CLI's read-only commands, for pip users."""
+"""python -m holdpoint inspect|verify FILE, diff A B: the CLI's read-only commands, for pip users."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import Error, _native, inspect, verify
+from . import Error, _native, diff, inspect, verify
 from ._convert import TensorInfo
 
 
@@ -53,7 +53,30 @@ def main(argv=None) -> int:
         command.add_argument("--json", action="store_true", help="print JSON")
         if name == "verify":
             command.add_argument("--sidecar", action="store_true", help="check FILE against FILE.sha256")
+    compare = commands.add_parser("diff", help="compare two checkpoint files tensor by tensor (exit 0 same, "
+                                                  "1 different, 2 error)")
+    compare.add_argument("a")
+    compare.add_argument("b")
+    compare.add_argument("--atol", type=float, default=0.0)
+    compare.add_argument("--rtol", type=float, default=0.0)
+    compare.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
+    if args.command == "diff":
+        try:
+            report = diff(args.a, args.b, atol=args.atol, rtol=args.rtol)
+        except Error as error:
+            if args.json:
+                print(json.dumps({"code": error.code, "message": str(error)}, indent=2))
+            else:
+                print(f"error: {error.code}: {error}")
+            return 2
+        if args.json:
+            text = report.pop("text")
+            print(json.dumps(report, indent=2))
+            report["text"] = text
+        else:
+            print(report["text"], end="" if report["text"].endswith("\n") else "\n")
+        return 0 if report["same"] else 1
     try:
         if args.command == "verify":
             report = verify(args.file, expected_sha256=args.sha256, sidecar=args.sidecar)

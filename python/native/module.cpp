@@ -33,6 +33,7 @@
 #include "holdpoint/base/signature.h"
 #include "holdpoint/run/provenance.h"
 #include "holdpoint/run/run_directory.h"
+#include "holdpoint/verify/checkpoint_diff.h"
 #include "holdpoint_version.h"
 
 #include "holdpoint/schema/manifest.h"
@@ -155,6 +156,21 @@ py::list checks_list(const std::vector<GenerationCheck>& checks) {
     out.append(entry);
   }
   return out;
+}
+
+// holdpoint.diff: (json, text) of diff_checkpoints.
+py::tuple diff_files(const std::filesystem::path& a, const std::filesystem::path& b, double atol, double rtol,
+                     const py::object& limits, const py::object& trust) {
+  DiffOptions options;
+  options.atol = atol;
+  options.rtol = rtol;
+  options.load = load_options(py::none(), limits, trust);
+  CheckpointDiff result;
+  {
+    py::gil_scoped_release released;
+    result = diff_checkpoints(a, b, options);
+  }
+  return py::make_tuple(result.json(), result.text());
 }
 
 // holdpoint.sign: FILE.sig for one checkpoint file.
@@ -814,6 +830,8 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("load", &load, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"), py::arg("make_tensor"),
         py::arg("trust") = py::none());
+  m.def("diff", &diff_files, py::arg("a"), py::arg("b"), py::arg("atol"), py::arg("rtol"), py::arg("limits"),
+        py::arg("trust"));
   m.def("sign", &sign_file, py::arg("path"), py::arg("key"), py::arg("previous_sha256"), py::arg("limits"));
   m.def("load_distributed_checkpoint", &load_dcp_folder, py::arg("folder"), py::arg("limits"),
         py::arg("make_tensor"), py::arg("metadata_only"));
