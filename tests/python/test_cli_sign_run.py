@@ -122,6 +122,15 @@ def main():
                 f.write(text.replace('"kind": "resume"', '"kind": "export"', 1))
         damaged_copy("edited-index", edit_index, "signature_statement_mismatch")
 
+        # An export takes each generation's signature with it: the file verifies
+        # under the key at DEST too.
+        dest = os.path.join(tmp, "exported")
+        r = cli("export", run, dest, "--all")
+        copied = os.path.join(dest, "checkpoints", gens[-1])
+        report.check(r.returncode == 0 and os.path.exists(copied + ".sig"), f"export keeps signatures: {r.describe()}")
+        r = cli("verify", copied, "--trust", key + ".pub")
+        report.check(r.returncode == 0, f"an exported generation verifies under the key: {r.describe()}")
+
         # Sharded: the coordinator's step manifests are signed; a shard changed after
         # signing fails against the digest the signed manifest lists.
         sharded = os.path.join(tmp, "sharded")

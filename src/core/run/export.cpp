@@ -14,6 +14,7 @@
 #include "base/publish.h"
 #include "base/utc_time.h"
 #include "holdpoint/base/file_system.h"
+#include "holdpoint/base/signature.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint_version.h"
@@ -295,6 +296,32 @@ class Exporter {
     }
   }
 
+  // The generation's signature goes with it, verbatim, when it names exactly
+  // these bytes: the statement holds for the copy (same name, size, digest),
+  // so `verify FILE --trust` and loads under a trust policy accept it at DEST.
+  // One that does not parse or names other bytes stays behind, listed.
+  void copy_signature(io::Directory& source_checkpoints, const GenerationInfo& g, const io::PublishOptions& options) {
+    const std::string name = g.name + ".sig";
+    const auto info = source_checkpoints.stat(name);
+    if (!info || info->type != io::FileInfo::Type::regular) return;
+    constexpr std::uint64_t kMaxSignature = 4096;
+    try {
+      const io::Snapshot snapshot = source_checkpoints.read(name, kMaxSignature);
+      const auto bytes = snapshot.buffer->bytes();
+      const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      const SignatureFile signature = SignatureFile::parse(text);
+      if (signature.statement.file != g.name || signature.statement.sha256 != g.sha256 ||
+          signature.statement.size != g.size) {
+        add_check("signature_not_copied", g.name, name + " names other bytes than the generation's");
+        return;
+      }
+      io::publish_text(*destination_checkpoints_, name, text, options);
+      add_check("signature_copied", g.name, name + " (key " + signature.key_id + "), verbatim");
+    } catch (const Error& error) {
+      add_check("signature_not_copied", g.name, name + ": " + std::string(error_code_name(error.code())));
+    }
+  }
+
   void copy_generation(io::Directory& source_checkpoints, const GenerationInfo& g, const Limits& limits) {
     const std::string source_label = run_ + "/checkpoints/" + g.name;
     const std::string destination_label = destination_ + "/checkpoints/" + g.name;
@@ -333,6 +360,7 @@ class Exporter {
                                            "; the source's is " + g.sha256.hex());
     }
     io::publish_text(*destination_checkpoints_, g.name + ".sha256", sha256_sidecar_line(g.sha256, g.name), options);
+    copy_signature(source_checkpoints, g, options);
     add_check("source_sha256_matches_record", g.name,
               "read from " + source_label + "; SHA-256 " + g.sha256.hex() + " as the run records");
     add_check("copy_verified_before_publish", g.name,
