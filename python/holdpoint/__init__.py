@@ -295,7 +295,7 @@ class RunDirectory:
 
     Opening one recovers it (``recover=True``, the default): unfinished staging
     files are removed and a damaged generation is never LATEST (see
-    docs/run-directory.md). ``recover=False`` inspects without changing anything.
+    docs/publication.md, "Recovery on open"). ``recover=False`` inspects without changing anything.
     Every load is verified against the run's own record of the generation.
 
     ``trust`` (a :class:`TrustPolicy`): every load and verify also checks the
