@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "base/fail.h"
-#include "base/file_descriptor.h"
 #include "base/file_stream.h"
 #include "base/reader_thread.h"
+#include "base/regular_file.h"
 
 namespace holdpoint::io {
 
@@ -199,11 +199,8 @@ void release_whole_pages(const std::byte* data, std::size_t size) noexcept {
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress,
                        const SnapshotParser& parse) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno))).with_path(path.string());
-  }
-  return read_snapshot_from_fd(fd.get(), path.string(), max_bytes, expected_sha256, progress, parse);
+  const RegularFile file = open_regular_for_reading(path);
+  return read_snapshot_from_fd(file.fd.get(), path.string(), max_bytes, expected_sha256, progress, parse);
 }
 
 namespace {
