@@ -4,6 +4,8 @@
 #   bash scripts/bench.sh checkpoint [--case big|many|all] [--repeat N] [--dir DIR]
 #   bash scripts/bench.sh publication [--mib N] [--repeat N] [--dir DIR] [--json FILE]
 #   bash scripts/bench.sh distributed [--mib N] [--world W] [--repeat N] [--dir DIR] [--json FILE]
+#   bash scripts/bench.sh run_signing [--generations N] [--window W]
+#     (what signing costs a commit as a run grows: bench/run_signing_bench.cpp)
 #   bash scripts/bench.sh python [--repeat N] [--mib M] [--tensors N] [--dir DIR]
 #     (the Python package against torch.load and safetensors: bench/python_load_bench.py)
 # Without a benchmark name the floor benchmark runs: every performance target
@@ -12,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=floor
 case "${1:-}" in
-  floor|checkpoint|publication|distributed|python) bench=$1; shift ;;
+  floor|checkpoint|publication|distributed|python|run_signing) bench=$1; shift ;;
 esac
 bash scripts/build.sh >&2
 build_dir=${HOLDPOINT_BUILD_DIR:-build}

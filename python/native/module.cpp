@@ -114,6 +114,7 @@ Limits limits_from(const py::object& given) {
     HOLDPOINT_LIMIT(max_tensor_numel)
     HOLDPOINT_LIMIT(max_tensor_logical_bytes)
     HOLDPOINT_LIMIT(max_view_expansion)
+    HOLDPOINT_LIMIT(max_distributed_checkpoint_bytes)
     HOLDPOINT_LIMIT(max_safetensors_header_bytes)
     HOLDPOINT_LIMIT(max_json_depth)
 #undef HOLDPOINT_LIMIT
@@ -123,7 +124,8 @@ Limits limits_from(const py::object& given) {
 }
 
 // holdpoint.TrustPolicy as the package hands it over: None, or
-// {"keys": [paths], "revoked": [paths], "required": bool}.
+// {"keys": [paths], "revoked": [paths], "required": bool, "min_head_step": int
+// or None, "expected_head": int (a step), str (a SHA-256) or None}.
 std::optional<TrustPolicy> trust_from(const py::object& trust) {
   if (trust.is_none()) return std::nullopt;
   const py::dict fields = trust.cast<py::dict>();
@@ -133,6 +135,17 @@ std::optional<TrustPolicy> trust_from(const py::object& trust) {
     for (VerifyingKey& key : VerifyingKey::read_file(key_file)) policy.keys.push_back(std::move(key));
   }
   for (const auto& list : fields["revoked"].cast<std::vector<std::string>>()) policy.read_revocation_list(list);
+  if (fields.contains("min_head_step") && !fields["min_head_step"].is_none()) {
+    policy.min_head_step = fields["min_head_step"].cast<std::int64_t>();
+  }
+  if (fields.contains("expected_head") && !fields["expected_head"].is_none()) {
+    const py::object head = fields["expected_head"];
+    if (py::isinstance<py::str>(head)) {
+      policy.expected_head_sha256 = Sha256Digest::parse(head.cast<std::string>());
+    } else {
+      policy.expected_head_step = head.cast<std::int64_t>();
+    }
+  }
   return policy;
 }
 
@@ -413,7 +426,7 @@ py::object load_dcp_folder(const std::filesystem::path& folder, const py::object
   Value root;
   {
     py::gil_scoped_release released;
-    root = metadata_only ? read_distributed_checkpoint_metadata(folder / ".metadata", bounds)
+    root = metadata_only ? read_distributed_checkpoint_metadata(folder, bounds)
                          : holdpoint::load_distributed_checkpoint(folder, bounds);
   }
   ToPython to_python(make_tensor);

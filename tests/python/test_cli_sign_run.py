@@ -122,6 +122,29 @@ def main():
                 f.write(text.replace('"kind": "resume"', '"kind": "export"', 1))
         damaged_copy("edited-index", edit_index, "signature_statement_mismatch")
 
+        # An outside witness (--expect-head, --min-step): a whole run put back, signatures
+        # included, verifies; a witness that recorded a later head refuses it.
+        last_step = int(gens[-1][len("step-"):-len(".pt")])
+        digest_of = {g: open(os.path.join(run, "checkpoints", g + ".sha256")).read().split()[0] for g in gens}
+        for extra in (["--min-step", str(last_step)], ["--expect-head", str(last_step)],
+                      ["--expect-head", digest_of[gens[-1]]]):
+            r = verify(run, *extra)
+            report.check(r.returncode == 0, f"witness {extra} agrees: {r.describe()}")
+        for extra in (["--min-step", str(last_step + 1)], ["--expect-head", str(last_step + 1)],
+                      ["--expect-head", digest_of[gens[-2]]]):
+            before = snapshot(run)
+            r = verify(run, *extra)
+            report.check(r.returncode == 1 and first_code(r) == "signature_rollback",
+                         f"witness {extra} ahead of the run: {r.describe()}")
+            report.check(snapshot(run) == before, f"witness {extra}: verify changed the run")
+        for extra, path in ((["--expect-head", "later"], run), (["--min-step", "3"], gens and
+                            os.path.join(run, "checkpoints", gens[-1]))):
+            r = verify(path, *extra)
+            report.check(r.returncode == 2 and first_code(r) == "invalid_argument", f"{extra} on {path}: {r.describe()}")
+        r = cli("verify", run, "--min-step", "1")
+        report.check(r.returncode == 2 and first_code(r) == "invalid_argument", f"--min-step without --trust: "
+                     f"{r.describe()}")
+
         # An export takes each generation's signature with it: the file verifies
         # under the key at DEST too.
         dest = os.path.join(tmp, "exported")

@@ -106,6 +106,27 @@ def main():
         report.check(all(torch.equal(a, b) for a, b in zip(resumed_model.parameters(), final)),
                      "resume under the policy restores the model")
 
+        # An outside witness: the head recorded elsewhere must be the run's signed head.
+        head = holdpoint.RunDirectory(run_path, recover=False).latest()
+        witnessed = holdpoint.TrustPolicy([key + ".pub"], min_head_step=3, expected_head=head["sha256"])
+        report.check(holdpoint.RunDirectory(run_path, trust=witnessed).latest()["step"] == 3,
+                     "a run whose head is the witnessed one opens")
+        report.check(holdpoint.RunDirectory(run_path, trust=holdpoint.TrustPolicy([key + ".pub"], expected_head=3))
+                     .latest()["step"] == 3, "expected_head as a step")
+        expect_error(report, "a witness ahead of the run", "signature_rollback",
+                     lambda: holdpoint.RunDirectory(run_path, trust=holdpoint.TrustPolicy([key + ".pub"],
+                                                                                          min_head_step=4)))
+        expect_error(report, "a witness naming another head", "signature_rollback",
+                     lambda: holdpoint.RunDirectory(run_path, recover=False,
+                                                    trust=holdpoint.TrustPolicy([key + ".pub"], expected_head=2))
+                     .require_signatures())
+        for bad in ({"min_head_step": -1}, {"expected_head": "not a digest"}, {"expected_head": True}):
+            try:
+                holdpoint.TrustPolicy([key + ".pub"], **bad)
+                report.check(False, f"TrustPolicy accepted {bad}")
+            except ValueError:
+                report.check(True, f"TrustPolicy refuses {bad}")
+
         # Rolled back: LATEST put back to step 2. Opening under the policy refuses
         # and removes nothing; a read-only open lets resume refuse it too.
         with open(os.path.join(run_path, "LATEST"), "w") as f:

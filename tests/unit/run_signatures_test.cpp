@@ -3,7 +3,11 @@
 // chain over previous-sha256, pointers and index, and each refusal with its
 // own code: unsigned, another key, revoked, a forged signature, a gap, a
 // replaced generation, a rolled-back LATEST or BEST, an edited index. A
-// refusal leaves every file of the run as it was.
+// refusal leaves every file of the run as it was. Issue 35's attacks on a
+// trusting open (the newest generation deleted with its signature, a
+// signature deleted and LATEST put back, the oldest generation removed, a
+// whole-directory rollback caught by an outside witness) each fail on the
+// code before it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -17,6 +21,7 @@
 #include "holdpoint/base/signature.h"
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint/schema/manifest.h"
+#include "support/fault_file_system.h"
 #include "support/test_support.h"
 
 namespace holdpoint {
@@ -361,6 +366,8 @@ TEST(RunSignatures, LoadAndVerifyUnderATrustPolicyCheckTheGenerationsSignature) 
   fs::remove(run / "checkpoints/step-00000003.pt.sig");
   trusting.trust = signer.trust();
   RunDirectory reader(run, trusting);
+  // A read-only open keeps the verdict: step 3 is the head the signed index
+  // and pointers name, and its signature is gone.
   EXPECT_ERROR_CODE(reader.load(*reader.latest()), ErrorCode::signature_missing);
   EXPECT_ERROR_CODE(reader.require_signatures(signer.trust()), ErrorCode::signature_missing);
   // Another generation's signature beside it: the statement names another file.
@@ -375,6 +382,189 @@ TEST(RunSignatures, AnHmacKeySignsAndVerifiesARun) {
   const fs::path run = signed_run(tmp, signer);
   EXPECT_EQ(verdict(run, signer.trust()), std::nullopt);
   EXPECT_EQ(read_text(run / "LATEST.sig").find(std::string("algorithm hmac-sha256")) != std::string::npos, true);
+}
+
+
+RunDirectoryOptions trusting(const Signer& signer) {
+  RunDirectoryOptions options;
+  options.trust = signer.trust();
+  options.best_metric = BestMetric{"loss", false};
+  return options;
+}
+
+void remove_generation(const fs::path& run, const std::string& name, bool with_signature) {
+  fs::remove(run / "checkpoints" / name);
+  fs::remove(run / "checkpoints" / (name + ".sha256"));
+  if (with_signature) fs::remove(run / "checkpoints" / (name + ".sig"));
+}
+
+TEST(RunSignatures, TheNewestGenerationDeletedWithItsSignatureIsARollbackAtOpen) {
+  TempDir tmp;
+  Signer signer;
+  const fs::path run = signed_run(tmp, signer);
+  remove_generation(run, "step-00000003.pt", true);
+  // LATEST, LATEST.sig, BEST.sig and the signed index still name step 3.
+  const auto before = contents(run);
+  EXPECT_ERROR_CODE(RunDirectory(run, trusting(signer)), ErrorCode::signature_rollback);
+  EXPECT_EQ(contents(run), before);
+  RunDirectoryOptions reading = trusting(signer);
+  reading.recover = false;
+  RunDirectory reader(run, reading);
+  ASSERT_TRUE(reader.find("step-00000002.pt").has_value());
+  EXPECT_ERROR_CODE(reader.load(*reader.find("step-00000002.pt")), ErrorCode::signature_rollback);
+  EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_rollback);
+  // Without a policy, recovery falls back as before: the signatures are not its business.
+  EXPECT_EQ(RunDirectory(run).latest()->step, 2);
+}
+
+TEST(RunSignatures, ASignatureDeletedAndLatestPutBackIsRefusedAndTheGenerationKept) {
+  TempDir tmp;
+  Signer signer;
+  const fs::path run = tmp / "run";
+  std::string old_latest;
+  std::string old_latest_sig;
+  {
+    RunDirectory live(run, signing(signer));
+    live.commit(spec(1, 0.9), writer_for(1));
+    live.commit(spec(2, 0.5), writer_for(2));
+    old_latest = read_text(run / "LATEST");
+    old_latest_sig = read_text(run / "LATEST.sig");
+    live.commit(spec(3, 0.7), writer_for(3));
+  }
+  fs::remove(run / "checkpoints/step-00000003.pt.sig");
+  write_text(run / "LATEST", old_latest);
+  write_text(run / "LATEST.sig", old_latest_sig);
+  // BEST.sig and index.json.sig name step 3's digest as the head; the signed
+  // index lists it. Recovery would have unlinked step 3 as uncommitted.
+  const auto before = contents(run);
+  EXPECT_ERROR_CODE(RunDirectory(run, trusting(signer)), ErrorCode::signature_rollback);
+  EXPECT_EQ(contents(run), before);
+  EXPECT_TRUE(fs::exists(run / "checkpoints/step-00000003.pt"));
+  EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_rollback);
+}
+
+TEST(RunSignatures, TheOldestGenerationRemovedWithItsSignatureBreaksTheChain) {
+  TempDir tmp;
+  Signer signer;
+  const fs::path run = signed_run(tmp, signer);
+  remove_generation(run, "step-00000001.pt", true);
+  EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_chain_broken);
+  const auto before = contents(run);
+  EXPECT_ERROR_CODE(RunDirectory(run, trusting(signer)), ErrorCode::signature_chain_broken);
+  EXPECT_EQ(contents(run), before);
+  // The same with the index rewritten unsigned (it no longer lists step 1):
+  // the first link still names a predecessor.
+  { RunDirectory(run).generations(); }  // plain recovery rewrites the index
+  EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_chain_broken);
+}
+
+TEST(RunSignatures, ASignedGenerationRemovedWithoutARetentionRecordBreaksTheChain) {
+  TempDir tmp;
+  Signer signer;
+  const fs::path run = signed_run(tmp, signer);
+  remove_generation(run, "step-00000002.pt", false);  // its signature stays, as retention would leave it
+  EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_chain_broken);
+  EXPECT_ERROR_CODE(RunDirectory(run, trusting(signer)), ErrorCode::signature_chain_broken);
+  EXPECT_TRUE(fs::exists(run / "checkpoints/step-00000003.pt"));
+}
+
+TEST(RunSignatures, RetentionRecordsWhatItRemovesInTheSignedIndex) {
+  TempDir tmp;
+  Signer signer;
+  RunDirectoryOptions options = signing(signer);
+  options.retention.keep_last = 2;
+  {
+    RunDirectory run(tmp / "run", options);
+    for (int step = 1; step <= 4; ++step) run.commit(spec(step, 1.0 / step), writer_for(step));
+  }
+  const std::string index = read_text(tmp / "run/index.json");
+  EXPECT_NE(index.find("\"retired\""), std::string::npos);
+  EXPECT_NE(index.find("step-00000001.pt"), std::string::npos);
+  RunDirectory run(tmp / "run", trusting(signer));
+  EXPECT_EQ(run.latest()->step, 4);
+  EXPECT_EQ(first_failure(run.verify_signatures(signer.trust())), std::nullopt);
+  // The record survives recovery's rewrite of the index, and an unsigned run
+  // writes none.
+  TempDir plain;
+  RetentionPolicy keep_one;
+  keep_one.keep_last = 1;
+  RunDirectoryOptions unsigned_options;
+  unsigned_options.retention = keep_one;
+  {
+    RunDirectory unsigned_run(plain / "run", unsigned_options);
+    for (int step = 1; step <= 3; ++step) unsigned_run.commit(spec(step, 1.0), writer_for(step));
+  }
+  EXPECT_EQ(read_text(plain / "run/index.json").find("retired"), std::string::npos);
+}
+
+TEST(RunSignatures, ADamagedNewestGenerationIsNotFallenBackFromUnderTrust) {
+  TempDir tmp;
+  Signer signer;
+  const fs::path run = signed_run(tmp, signer);
+  std::string bytes = read_text(run / "checkpoints/step-00000003.pt");
+  bytes[bytes.size() / 2] ^= 0x01;
+  write_text(run / "checkpoints/step-00000003.pt", bytes);
+  const auto before = contents(run);
+  EXPECT_ERROR_CODE(RunDirectory(run, trusting(signer)), ErrorCode::signature_rollback);
+  EXPECT_EQ(contents(run), before);
+}
+
+TEST(RunSignatures, AWholeDirectoryRollbackIsCaughtOnlyByAnOutsideWitness) {
+  TempDir tmp;
+  Signer signer;
+  const fs::path run = tmp / "run";
+  const fs::path saved = tmp / "saved";
+  Sha256Digest head;
+  {
+    RunDirectory live(run, signing(signer));
+    live.commit(spec(1, 0.9), writer_for(1));
+    live.commit(spec(2, 0.5), writer_for(2));
+    fs::copy(run, saved, fs::copy_options::recursive);
+    live.commit(spec(3, 0.7), writer_for(3));
+    head = live.latest()->sha256;
+  }
+  TrustPolicy witness = signer.trust();
+  witness.min_head_step = 3;
+  EXPECT_EQ(verdict(run, witness), std::nullopt);
+  witness.expected_head_sha256 = head;
+  EXPECT_EQ(verdict(run, witness), std::nullopt);
+  // Every file of the run put back as it was after step 2, signatures included.
+  fs::remove_all(run);
+  fs::copy(saved, run, fs::copy_options::recursive);
+  EXPECT_EQ(verdict(run, signer.trust()), std::nullopt);  // nothing inside the run can tell
+  TrustPolicy at_least = signer.trust();
+  at_least.min_head_step = 3;
+  EXPECT_EQ(verdict(run, at_least), ErrorCode::signature_rollback);
+  TrustPolicy exactly = signer.trust();
+  exactly.expected_head_step = 3;
+  EXPECT_EQ(verdict(run, exactly), ErrorCode::signature_rollback);
+  TrustPolicy by_digest = signer.trust();
+  by_digest.expected_head_sha256 = head;
+  EXPECT_EQ(verdict(run, by_digest), ErrorCode::signature_rollback);
+  RunDirectoryOptions options = trusting(signer);
+  options.trust->min_head_step = 3;
+  EXPECT_ERROR_CODE(RunDirectory(run, options), ErrorCode::signature_rollback);
+}
+
+TEST(RunSignatures, ACommitSignsInWorkThatDoesNotGrowWithTheRun) {
+  // File operations of one signed commit, early and late in a run on the
+  // in-memory file system: signing reads no earlier generation's signature.
+  testing::FaultFileSystem fs;
+  Signer signer;
+  RunDirectoryOptions options = signing(signer);
+  options.file_system = &fs;
+  RunDirectory run("/run", options);
+  const auto operations_of_commit = [&](std::int64_t step) {
+    fs.reset_counter();
+    run.commit(spec(step, 1.0), writer_for(step));
+    return fs.operation_count();
+  };
+  for (int step = 1; step < 10; ++step) operations_of_commit(step);
+  const std::uint64_t early = operations_of_commit(10);
+  for (int step = 11; step < 200; ++step) operations_of_commit(step);
+  const std::uint64_t late = operations_of_commit(200);
+  EXPECT_EQ(late, early);
+  EXPECT_EQ(first_failure(run.verify_signatures(signer.trust())), std::nullopt);
 }
 
 }  // namespace

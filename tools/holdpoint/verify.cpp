@@ -1,3 +1,4 @@
+#include <charconv>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -9,6 +10,7 @@
 #include "commands.h"
 #include "holdpoint/base/signature.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/distributed_checkpoint.h"
 #include "holdpoint/format/scan.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/run/sharded_checkpoint.h"
@@ -26,7 +28,26 @@ struct VerifyArguments {
   std::vector<std::string> trust;    // key files: Ed25519 PEM public keys, HMAC key files
   std::vector<std::string> revoked;  // revocation lists
   bool signature_optional = false;
+  std::string expect_head;                 // a step or a SHA-256: the run's signed head, from an outside witness
+  std::optional<std::int64_t> min_step;    // the run's signed head is at least this step
 };
+
+// --expect-head and --min-step: the outside witness, in the trust policy.
+// false when --expect-head is neither a step nor a SHA-256.
+bool add_witness(const VerifyArguments& args, TrustPolicy& policy) {
+  policy.min_head_step = args.min_step;
+  if (args.expect_head.empty()) return true;
+  if (const auto digest = Sha256Digest::from_hex(args.expect_head); digest && args.expect_head == digest->hex()) {
+    policy.expected_head_sha256 = digest;
+    return true;
+  }
+  std::int64_t step = 0;
+  const char* end = args.expect_head.data() + args.expect_head.size();
+  const auto [at, error] = std::from_chars(args.expect_head.data(), end, step);
+  if (error != std::errc() || at != end || step < 0) return false;
+  policy.expected_head_step = step;
+  return true;
+}
 
 // A directory holding LATEST, index.json or checkpoints/ is a run directory
 // (through a symlink too, which opening it then refuses); any other directory
@@ -165,18 +186,55 @@ int run_verify(const VerifyArguments& args) {
                 << " is a directory (its generations are checked against their own records)\n";
       return kExitUsage;
     }
+    if (args.trust.empty() && (!args.expect_head.empty() || args.min_step)) {
+      std::cerr << "error: invalid_argument: --expect-head and --min-step are checked against the run's signatures; "
+                   "give the keys with --trust\n";
+      return kExitUsage;
+    }
     try {
       std::optional<TrustPolicy> trust;
       if (!args.trust.empty()) trust = trust_policy(args.trust, args.revoked, !args.signature_optional);
+      if (trust && !add_witness(args, *trust)) {
+        std::cerr << "error: invalid_argument: --expect-head '" << args.expect_head
+                  << "' is neither a step (a non-negative integer) nor a SHA-256 (64 lowercase hex digits)\n";
+        return kExitUsage;
+      }
       return verify_run_directory(args.file, args.json, trust);
     } catch (const Error& error) {  // a key file or revocation list that does not read
       std::cerr << "error: " << error_code_name(error.code()) << ": " << error.what() << "\n";
       return exit_code_for(error.code());
     }
   }
+  if (!args.expect_head.empty() || args.min_step) {
+    std::cerr << "error: invalid_argument: --expect-head and --min-step check a run directory's signed head; "
+              << args.file << " is not a run directory\n";
+    return kExitUsage;
+  }
+  const bool distributed = is_distributed_checkpoint(args.file);
+  if (distributed && (!args.sha256.empty() || args.sidecar || !args.trust.empty())) {
+    std::cerr << "error: invalid_argument: " << args.file
+              << " is a torch.distributed.checkpoint folder, which has no single digest or signature to check "
+                 "(--sha256, --sidecar, --trust)\n";
+    return kExitUsage;
+  }
   nlohmann::ordered_json report;
   report["file"] = args.file;
   try {
+    if (distributed) {
+      // What holdpoint.load reads, checked the same way: every item through
+      // the restricted reader, every tensor's chunks tiled.
+      load_distributed_checkpoint(args.file);
+      report["valid"] = true;
+      report["format"] = "torch.distributed.checkpoint";
+      report["sha256"] = nullptr;
+      report["digest_checked"] = false;
+      if (args.json) {
+        std::cout << report.dump(2) << "\n";
+      } else {
+        std::cout << "valid: " << args.file << " (torch.distributed.checkpoint folder, every item read; no digest)\n";
+      }
+      return kExitOk;
+    }
     LoadOptions options;
     options.progress = terminal_progress("reading " + args.file);
     if (!args.sha256.empty()) options.expected_sha256 = Sha256Digest::parse(args.sha256);
@@ -235,7 +293,10 @@ void add_verify_command(CLI::App& app, int& exit_code) {
       "verify",
       "Check that FILE is a well-formed checkpoint, or that every generation of the run directory RUN verifies "
       "(exit 0 valid, 1 invalid, 2 usage/IO error)");
-  command->add_option("file", args->file, "a .pt or .safetensors file, or a run directory")->required();
+  command
+      ->add_option("file", args->file,
+                   "a .pt or .safetensors file, a torch.distributed.checkpoint folder, or a run directory")
+      ->required();
   auto* sha = command->add_option("--sha256", args->sha256, "expected SHA-256 (64 hex digits) from a trusted source");
   auto* sidecar = command->add_flag("--sidecar", args->sidecar, "check FILE against FILE.sha256 (sha256sum format)");
   sha->excludes(sidecar);
@@ -245,6 +306,12 @@ void add_verify_command(CLI::App& app, int& exit_code) {
   command->add_option("--revoked", args->revoked, "a revocation list: key ids no longer trusted, one a line");
   command->add_flag("--signature-optional", args->signature_optional,
                     "with --trust: an unsigned FILE is read as before (a signature that is there is still checked)");
+  command->add_option("--expect-head", args->expect_head,
+                      "with --trust, for a run directory: the newest signed generation must be exactly this step, or "
+                      "have this SHA-256, as recorded outside the run (an outside witness; signature_rollback otherwise)");
+  command->add_option("--min-step", args->min_step,
+                      "with --trust, for a run directory: the newest signed generation must be this step or later "
+                      "(an outside witness; signature_rollback otherwise)");
   command->add_flag("--json", args->json, "print a JSON report");
   command->callback([args, &exit_code] { exit_code = run_verify(*args); });
 }

@@ -54,6 +54,14 @@
 
 namespace holdpoint {
 
+namespace io {
+class Directory;
+}  // namespace io
+
+// The most bytes a signature file may have; a larger one is signature_malformed
+// before it is read.
+inline constexpr std::uint64_t kMaxSignatureFileBytes = 4096;
+
 enum class SignatureAlgorithm : std::uint8_t { ed25519, hmac_sha256 };
 
 std::string_view signature_algorithm_name(SignatureAlgorithm algorithm) noexcept;
@@ -137,6 +145,21 @@ struct TrustPolicy {
   // unsigned when false. A signature that is there is always checked.
   bool required = true;
 
+  // An outside witness of a run directory's progress (docs/threat-model.md,
+  // "Outside witness"). Nothing inside a directory can show that the whole of
+  // it, signatures included, was put back to an earlier state; a step or
+  // digest recorded elsewhere (a scheduler's log, a model registry) can.
+  // Each is checked against the run's signed head, the newest generation its
+  // signatures name; a head that falls short is signature_rollback.
+  //   min_head_step: the head is this step or a later one;
+  //   expected_head_step / expected_head_sha256: the head is exactly that
+  //   generation (a finished run, a published one).
+  // They apply to run directories (RunDirectoryOptions::trust and
+  // verify_signatures); a single file has no head.
+  std::optional<std::int64_t> min_head_step;
+  std::optional<std::int64_t> expected_head_step;
+  std::optional<Sha256Digest> expected_head_sha256;
+
   // Adds the key ids of a revocation list: one 32-hex key id a line, '#' comments.
   void read_revocation_list(const std::filesystem::path& path);
 
@@ -153,8 +176,15 @@ std::filesystem::path signature_path(const std::filesystem::path& file);
 void write_signature_file(const std::filesystem::path& file, const SignatureFile& signature);
 
 // The signature beside `file`, read and parsed (signature_malformed when it
-// does not parse, nullopt when there is none), bounded to 4 KiB.
+// does not parse, nullopt when there is none), bounded to kMaxSignatureFileBytes.
 std::optional<SignatureFile> read_signature_file(const std::filesystem::path& file);
+
+// The signature file `name` of `directory` (a name inside a run directory or
+// a sharded step, never followed through a symlink), read and parsed:
+// nullopt when there is none; signature_malformed when it is not a regular
+// file of at most kMaxSignatureFileBytes or does not parse. Errors name no
+// path: the caller adds it.
+std::optional<SignatureFile> read_signature(io::Directory& directory, const std::string& name);
 
 // Reads and checks the signature of `file` under `policy`, and that its
 // statement names this file (its name; signature_statement_mismatch

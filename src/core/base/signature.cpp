@@ -21,6 +21,8 @@
 
 #include "base/fail.h"
 #include "base/file_descriptor.h"
+#include "base/file_stream.h"
+#include "base/regular_file.h"
 #include "base/publish.h"
 #include "base/utc_time.h"
 #include "holdpoint/base/error.h"
@@ -33,7 +35,6 @@ using detail::fail;
 
 constexpr std::string_view kMagic = "holdpoint-signature 1";
 constexpr std::string_view kHmacKeyMagic = "holdpoint-hmac-sha256-key 1";
-constexpr std::size_t kMaxSignatureBytes = 4096;
 constexpr std::size_t kKeyBytes = 32;
 
 struct PkeyDeleter {
@@ -93,12 +94,20 @@ constexpr std::string_view kHmacIdLabel = "holdpoint hmac-sha256 key id\n";
 
 std::string read_small_file(const std::filesystem::path& path, std::size_t max_bytes, ErrorCode code,
                             std::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(code, detail::concat("cannot read the ", what)).with_path(path.string());
-  std::string text;
-  text.resize(max_bytes + 1);
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
+  // A FIFO or device planted as the file is io_not_regular_file, refused
+  // before a read could block.
+  std::optional<io::RegularFile> file;
+  try {
+    file = io::open_regular_for_reading(path, code);
+  } catch (const Error& error) {
+    if (error.code() != ErrorCode::io_open_failed) throw;
+    throw Error(code, detail::concat("cannot read the ", what, ": ", error.detail())).with_path(path.string());
+  }
+  if (file->size > max_bytes) {
+    throw Error(code, detail::concat("the ", what, " is larger than ", max_bytes, " bytes")).with_path(path.string());
+  }
+  std::string text(max_bytes + 1, '\0');
+  text.resize(io::pread_fully(file->fd.get(), reinterpret_cast<std::byte*>(text.data()), text.size(), 0));
   if (text.size() > max_bytes) {
     throw Error(code, detail::concat("the ", what, " is larger than ", max_bytes, " bytes")).with_path(path.string());
   }
@@ -288,8 +297,8 @@ std::string SignatureFile::signed_text() const {
 std::string SignatureFile::text() const { return signed_text() + "signature " + hex_of(signature) + "\n"; }
 
 SignatureFile SignatureFile::parse(std::string_view text) {
-  if (text.size() > kMaxSignatureBytes) {
-    fail(ErrorCode::signature_malformed, "the signature file has ", text.size(), " bytes, more than ", kMaxSignatureBytes);
+  if (text.size() > kMaxSignatureFileBytes) {
+    fail(ErrorCode::signature_malformed, "the signature file has ", text.size(), " bytes, more than ", kMaxSignatureFileBytes);
   }
   LineReader lines(text);
   lines.exact(kMagic);
@@ -505,10 +514,23 @@ std::optional<SignatureFile> read_signature_file(const std::filesystem::path& fi
   std::error_code missing;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, missing))) return std::nullopt;
   try {
-    return SignatureFile::parse(read_small_file(path, kMaxSignatureBytes, ErrorCode::signature_malformed, "signature"));
+    return SignatureFile::parse(read_small_file(path, kMaxSignatureFileBytes, ErrorCode::signature_malformed, "signature"));
   } catch (const Error& error) {
     throw error.with_path(path.string());
   }
+}
+
+std::optional<SignatureFile> read_signature(io::Directory& directory, const std::string& name) {
+  const auto info = directory.stat(name);
+  if (!info) return std::nullopt;
+  if (info->type != io::FileInfo::Type::regular) fail(ErrorCode::signature_malformed, name, " is not a regular file");
+  if (info->size > kMaxSignatureFileBytes) {
+    fail(ErrorCode::signature_malformed, name, " is ", info->size, " bytes, above the ", kMaxSignatureFileBytes,
+         " a signature file may have");
+  }
+  const io::Snapshot snapshot = directory.read(name, kMaxSignatureFileBytes);
+  const auto bytes = snapshot.buffer->bytes();
+  return SignatureFile::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 void write_signature_file(const std::filesystem::path& file, const SignatureFile& signature) {

@@ -6,12 +6,6 @@
 
 namespace holdpoint::format {
 
-namespace {
-
-constexpr std::uint64_t kMaxSignatureFileBytes = 4096;  // as read_signature_file's bound
-
-}  // namespace
-
 Sha256Digest signed_digest(const SignatureFile& signature, const TrustPolicy& trust, const std::string& name,
                            std::optional<std::uint64_t> size, const std::optional<Sha256Digest>& expected) {
   trust.verify(signature);
@@ -52,24 +46,16 @@ std::optional<Sha256Digest> expected_digest(const std::filesystem::path& path, c
 std::optional<Sha256Digest> expected_digest(io::Directory& directory, const std::string& name,
                                             const TrustPolicy& trust, const std::optional<Sha256Digest>& expected) {
   const std::string signature_name = name + ".sig";
-  const auto info = directory.stat(signature_name);
-  if (!info) {
+  const std::optional<SignatureFile> signature = read_signature(directory, signature_name);
+  if (!signature) {
     if (trust.required) {
       detail::fail(ErrorCode::signature_missing, "the trust policy requires a signature and there is no ",
                    signature_name);
     }
     return expected;
   }
-  if (info->type != io::FileInfo::Type::regular || info->size > kMaxSignatureFileBytes) {
-    detail::fail(ErrorCode::signature_malformed, signature_name, " is not a regular file of at most ",
-                 kMaxSignatureFileBytes, " bytes");
-  }
-  const io::Snapshot snapshot = directory.read(signature_name, kMaxSignatureFileBytes);
-  const auto bytes = snapshot.buffer->bytes();
-  const SignatureFile signature =
-      SignatureFile::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
   const auto file = directory.stat(name);
-  return signed_digest(signature, trust, name, file ? std::optional<std::uint64_t>(file->size) : std::nullopt,
+  return signed_digest(*signature, trust, name, file ? std::optional<std::uint64_t>(file->size) : std::nullopt,
                        expected);
 }
 

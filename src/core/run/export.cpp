@@ -304,12 +304,9 @@ class Exporter {
     const std::string name = g.name + ".sig";
     const auto info = source_checkpoints.stat(name);
     if (!info || info->type != io::FileInfo::Type::regular) return;
-    constexpr std::uint64_t kMaxSignature = 4096;
     try {
-      const io::Snapshot snapshot = source_checkpoints.read(name, kMaxSignature);
-      const auto bytes = snapshot.buffer->bytes();
-      const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-      const SignatureFile signature = SignatureFile::parse(text);
+      const SignatureFile signature = *read_signature(source_checkpoints, name);
+      const std::string text = signature.text();
       if (signature.statement.file != g.name || signature.statement.sha256 != g.sha256 ||
           signature.statement.size != g.size) {
         add_check("signature_not_copied", g.name, name + " names other bytes than the generation's");

@@ -72,7 +72,7 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
     if (d.options.commit_observer) d.options.commit_observer("published");
     auto next = d.committed;
     next.emplace(g.step, g);
-    io::publish_text(*d.root, std::string(kRunIndex), run::index_text(next), d.publish_options(true));
+    io::publish_text(*d.root, std::string(kRunIndex), run::index_text(next, d.retired), d.publish_options(true));
     // The commit point. If LATEST's publish fails after its rename (the
     // directory fsync), LATEST already names the new generation: it counts
     // as committed here, and the next open decides from what is durable.
@@ -108,22 +108,23 @@ CommitResult RunDirectory::commit(const GenerationSpec& spec, const Writer& writ
   }
   // A commit that verified and moved LATEST clears an earlier failure.
   d.failed = false;
+  // Signed once committed: a signed generation newer than LATEST is then
+  // never a crash's leftover (run_signatures.cpp). Signed before retention,
+  // so that retention's record of what it removes is signed over this head.
+  if (d.options.signing_key) {
+    try {
+      d.sign_commit(*d.options.signing_key, g);
+    } catch (const Error& error) {
+      throw Error(error.code(), concat(g.name, " is committed (LATEST names it), but signing it failed: ",
+                                       error.detail()))
+          .with_path(error.path());
+    }
+  }
   if (d.options.retention.enabled()) {
     try {
       result.deleted = collect_garbage(d.options.retention);
     } catch (const Error& error) {
       throw Error(error.code(), concat(g.name, " is committed (LATEST names it), but retention failed: ", error.detail()))
-          .with_path(error.path());
-    }
-  }
-  // Signed once committed: a signed generation newer than LATEST is then
-  // never a crash's leftover (run_signatures.cpp).
-  if (d.options.signing_key) {
-    try {
-      d.sign_run(*d.options.signing_key);
-    } catch (const Error& error) {
-      throw Error(error.code(), concat(g.name, " is committed (LATEST names it), but signing it failed: ",
-                                       error.detail()))
           .with_path(error.path());
     }
   }
@@ -248,10 +249,25 @@ std::vector<std::string> RunDirectory::collect_garbage(const RetentionPolicy& po
   try {
     // The index forgets them first: a crash in between leaves files that
     // recovery re-adopts, never an index naming missing files as committed.
+    // A signed generation is recorded as retired, and that record is signed
+    // before its file goes: its signature stays, and a trusting open accepts
+    // its absence only on this record (docs/threat-model.md, "Signing a run").
     auto next = d.committed;
-    for (const auto& name : plan.remove) next.erase(*parse_generation_name(name));
-    io::publish_text(*d.root, std::string(kRunIndex), run::index_text(next), d.publish_options(true));
+    auto retired = d.retired;
+    for (const auto& name : plan.remove) {
+      const std::int64_t step = *parse_generation_name(name);
+      if (d.checkpoints_dir().stat(run::signature_name(name))) {
+        retired[step] = {name, step, next.at(step).sha256};
+      }
+      next.erase(step);
+    }
+    io::publish_text(*d.root, std::string(kRunIndex), run::index_text(next, retired), d.publish_options(true));
     d.committed = std::move(next);
+    d.retired = std::move(retired);
+    if (d.options.signing_key && d.chain_head) {
+      std::vector<std::string> written;
+      d.sign_small_file(*d.options.signing_key, kRunIndex, d.latest, *d.chain_head, written);
+    }
     io::Directory& dir = d.checkpoints_dir();
     for (const auto& name : plan.remove) {
       dir.unlink(name);

@@ -91,7 +91,7 @@ io::PublishOptions RunDirectory::Impl::publish_options(bool replace) const {
 }
 
 void RunDirectory::Impl::write_index() {
-  io::publish_text(*root, std::string(kRunIndex), run::index_text(committed), publish_options(true));
+  io::publish_text(*root, std::string(kRunIndex), run::index_text(committed, retired), publish_options(true));
 }
 
 void RunDirectory::Impl::write_pointer(std::string_view which, const GenerationInfo& g) {
@@ -250,6 +250,7 @@ LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
   const Impl& d = *impl_;
   try {
     if (!d.checkpoints) fail(ErrorCode::run_generation_missing, "there is no checkpoints/ directory");
+    if (d.signature_verdict) throw *d.signature_verdict;  // a read-only open under a trust policy found it
     d.check_generation_signature(generation);
     LoadedMapping mapping;
     const io::Snapshot snapshot = d.checkpoints->read(generation.name, d.options.limits.max_file_bytes,

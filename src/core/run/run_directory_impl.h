@@ -26,6 +26,7 @@
 #include "base/publish.h"
 #include "holdpoint/base/file_system.h"
 #include "holdpoint/run/run_directory.h"
+#include "run/run_files.h"
 
 namespace holdpoint {
 
@@ -61,6 +62,16 @@ struct RunDirectory::Impl {
   std::optional<Error> latest_pointer_error;
   std::set<std::string> pending_adoption;  // generation files not yet read (newer than LATEST's)
   std::map<std::int64_t, std::string> shard_directories;  // found on open
+  run::RetiredByStep retired;  // signed generations retention removed (index.json's record)
+  // Under options.trust, judged on open before recovery changes anything: the
+  // newest generation the run's signatures name, and the first failed check
+  // of them (a read-only open keeps it, and load refuses with it).
+  std::optional<std::int64_t> signed_head_step;
+  std::optional<Error> signature_verdict;
+  // The newest signed generation, while this process signs the run: a commit
+  // signs only its own generation after it, reading no other signature.
+  bool chain_head_known = false;
+  std::optional<Sha256Digest> chain_head;
 
   ~Impl();
 
@@ -122,24 +133,32 @@ struct RunDirectory::Impl {
   // ---- run_signatures.cpp ----
   // checkpoints/step-N.pt.sig files, by step.
   std::map<std::int64_t, std::string> generation_signatures() const;
-  // A signature file of `dir`, parsed (signature_malformed); nullopt when absent.
-  std::optional<SignatureFile> read_signature(io::Directory& dir, const std::string& name) const;
   // The statement of a committed generation, from its bytes on disk
   // (read once more, against its recorded digest).
   SignedStatement generation_statement(const GenerationInfo& g) const;
   // Signs the committed generations that lack a signature, then the pointers
-  // and the index (RunDirectory::sign).
+  // and the index (RunDirectory::sign, and open with a signing key).
   std::vector<std::string> sign_run(const SigningKey& key);
+  // Signs the generation a commit just made, after the chain's head, then the
+  // pointers and the index: O(1) in the run's generations.
+  void sign_commit(const SigningKey& key, const GenerationInfo& g);
   void sign_pointers(const SigningKey& key, const Sha256Digest& head, std::vector<std::string>& written);
+  // The signature of LATEST, BEST or index.json over its bytes on disk now.
+  void sign_small_file(const SigningKey& key, std::string_view name, std::optional<std::int64_t> step,
+                       const Sha256Digest& head, std::vector<std::string>& written);
   // Under options.trust: the signature of `g`, before its bytes are read
   // (signature codes; a statement that disagrees with the recorded size or
   // digest is signature_statement_mismatch).
   void check_generation_signature(const GenerationInfo& g) const;
-  // Under options.trust, when recovering: signature_rollback when `g`, newer
-  // than LATEST, carries a signature the policy accepts (recovery would
-  // remove it).
-  void refuse_signed_rollback(const GenerationInfo& g) const;
-
+  // What the run's signatures, trusted under `policy`, say of the run on disk
+  // as it is (before recovery): "head" (the outside witness, and LATEST
+  // against the newest signed generation: signature_rollback) and "chain"
+  // (from the first link to the head, every signed generation present or
+  // retired on record: signature_chain_broken). Sets signed_head_step.
+  std::vector<GenerationCheck> judge_signed_head(const TrustPolicy& policy, std::optional<std::int64_t>* head_step) const;
+  // open()'s use of it under options.trust: a recovering open refuses before
+  // it changes anything; a read-only one keeps the verdict for load.
+  void judge_signatures_on_open();
   // ---- run_commit.cpp ----
   // Moves BEST to `g` when its metric improved; true when it did.
   bool offer_best(const GenerationInfo& g);

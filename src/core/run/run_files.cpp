@@ -16,7 +16,7 @@ namespace {
 constexpr std::string_view kIndexSchema = "holdpoint.run-index";
 constexpr std::int64_t kIndexSchemaVersion = 1;
 
-nlohmann::json index_json(const std::map<std::int64_t, GenerationInfo>& generations) {
+nlohmann::json index_json(const std::map<std::int64_t, GenerationInfo>& generations, const run::RetiredByStep& retired) {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& [step, g] : generations) {
     nlohmann::json metrics = nlohmann::json::object();
@@ -33,7 +33,15 @@ nlohmann::json index_json(const std::map<std::int64_t, GenerationInfo>& generati
                     {"metrics", std::move(metrics)}});
     if (g.world_size > 0) list.back()["world_size"] = g.world_size;
   }
-  return {{"schema", kIndexSchema}, {"schema_version", kIndexSchemaVersion}, {"generations", std::move(list)}};
+  nlohmann::json index = {{"schema", kIndexSchema}, {"schema_version", kIndexSchemaVersion}, {"generations", std::move(list)}};
+  // Only signed runs have retirements to record: an unsigned run's index is
+  // byte for byte what earlier versions wrote.
+  if (!retired.empty()) {
+    nlohmann::json entries = nlohmann::json::array();
+    for (const auto& [step, r] : retired) entries.push_back({{"name", r.name}, {"step", r.step}, {"sha256", r.sha256.hex()}});
+    index["retired"] = std::move(entries);
+  }
+  return index;
 }
 
 }  // namespace
@@ -64,11 +72,40 @@ std::pair<std::string, Sha256Digest> parse_pointer(const std::string& text, std:
   return {std::move(name), *digest};
 }
 
-std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step) {
-  return index_json(by_step).dump(1) + "\n";
+std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step, const RetiredByStep& retired) {
+  return index_json(by_step, retired).dump(1) + "\n";
 }
 
-std::map<std::string, GenerationInfo> parse_index(const std::string& text) {
+namespace {
+
+RetiredByStep parse_retired(const nlohmann::json& json) {
+  RetiredByStep retired;
+  if (!json.contains("retired")) return retired;
+  if (!json["retired"].is_array()) fail(ErrorCode::run_index_invalid, "index.json: 'retired' is not an array");
+  std::size_t position = 0;
+  for (const auto& entry : json["retired"]) {
+    const auto where = concat("index.json: retired[", position++, "]");
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() || !entry.contains("step") ||
+        !entry["step"].is_number_integer() || !entry.contains("sha256") || !entry["sha256"].is_string()) {
+      fail(ErrorCode::run_index_invalid, where, " is not an object of name, step and sha256");
+    }
+    RetiredGeneration r;
+    r.name = entry["name"].get<std::string>();
+    r.step = entry["step"].get<std::int64_t>();
+    const auto digest = Sha256Digest::from_hex(entry["sha256"].get<std::string>());
+    if (!digest) fail(ErrorCode::run_index_invalid, where, ".sha256 is not a SHA-256 digest");
+    r.sha256 = *digest;
+    if (parse_generation_name(r.name) != r.step) {
+      fail(ErrorCode::run_index_invalid, where, ": name '", r.name, "' does not match step ", r.step);
+    }
+    if (!retired.emplace(r.step, r).second) fail(ErrorCode::run_index_invalid, where, ": '", r.name, "' is listed twice");
+  }
+  return retired;
+}
+
+}  // namespace
+
+RunIndex parse_index(const std::string& text) {
   const nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) fail(ErrorCode::run_index_invalid, "index.json is not a JSON object");
   // Not json.value("schema", ""): it throws nlohmann's type_error when schema is not a string.
@@ -121,7 +158,7 @@ std::map<std::string, GenerationInfo> parse_index(const std::string& text) {
     }
     if (!out.emplace(g.name, g).second) fail(ErrorCode::run_index_invalid, where, ": '", g.name, "' is listed twice");
   }
-  return out;
+  return {std::move(out), parse_retired(json)};
 }
 
 }  // namespace run

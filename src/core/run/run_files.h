@@ -3,7 +3,10 @@
 //
 //   LATEST, BEST                     "<generation> <sha256>\n"
 //   checkpoints/<generation>.sha256  sha256sum's "<sha256>  <generation>\n"
-//   index.json                       schema holdpoint.run-index, version 1
+//   index.json                       schema holdpoint.run-index, version 1;
+//                                    "retired": the signed generations that
+//                                    retention removed (docs/threat-model.md,
+//                                    "Signing a run"), absent when none
 //
 // Each parser accepts exactly what the writer writes and rejects anything
 // else with its own code: run_pointer_invalid,
@@ -31,13 +34,27 @@ std::string run_index_text(const std::vector<GenerationInfo>& generations);
 
 namespace run {
 
+// A signed generation that retention removed: its signature stays in
+// checkpoints/, and this record in the (signed) index says the file's absence
+// is retention's doing, not an attacker's.
+struct RetiredGeneration {
+  std::string name;
+  std::int64_t step = 0;
+  Sha256Digest sha256;
+};
+
+using RetiredByStep = std::map<std::int64_t, RetiredGeneration>;
+
+struct RunIndex {
+  std::map<std::string, GenerationInfo> generations;  // by name
+  RetiredByStep retired;
+};
+
 // `which` names the pointer in errors ("LATEST", "BEST").
 std::pair<std::string, Sha256Digest> parse_pointer(const std::string& text, std::string_view which);
 
-
-std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step);
-// By generation name.
-std::map<std::string, GenerationInfo> parse_index(const std::string& text);
+std::string index_text(const std::map<std::int64_t, GenerationInfo>& by_step, const RetiredByStep& retired = {});
+RunIndex parse_index(const std::string& text);
 
 }  // namespace run
 }  // namespace holdpoint

@@ -37,6 +37,8 @@ std::optional<std::int64_t> parse_step_name(std::string_view name, std::string_v
 
 std::string sidecar_name(const std::string& generation) { return generation + std::string(kSidecarSuffix); }
 
+std::string signature_name(std::string_view file) { return std::string(file) + std::string(kSignatureSuffix); }
+
 }  // namespace run
 
 std::string generation_name(std::int64_t step) { return run::step_name(step, run::kGenerationSuffix); }

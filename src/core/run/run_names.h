@@ -22,6 +22,7 @@ inline constexpr std::string_view kGenerationSuffix = ".pt";
 inline constexpr std::string_view kShardDirectorySuffix = ".shards";
 inline constexpr std::string_view kSidecarSuffix = format::kSidecarSuffix;  // format/sidecar.h
 inline constexpr std::string_view kDamagedSuffix = ".damaged";
+inline constexpr std::string_view kSignatureSuffix = ".sig";
 inline constexpr std::string_view kLockFile = ".holdpoint-lock";
 
 // "step-<at least 8 digits><suffix>"; invalid_argument for a negative step.
@@ -31,5 +32,7 @@ std::optional<std::int64_t> parse_step_name(std::string_view name, std::string_v
 
 // "<generation>.sha256", the sidecar beside a generation file.
 std::string sidecar_name(const std::string& generation);
+// "<file>.sig", the signature beside a generation, LATEST, BEST or index.json.
+std::string signature_name(std::string_view file);
 
 }  // namespace holdpoint::run

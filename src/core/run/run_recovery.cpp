@@ -74,6 +74,9 @@ void RunDirectory::Impl::open() {
   const bool mutate = options.recover;
   root = fs->open_directory(path, options.create && mutate);
   lock();
+  // Under a trust policy the signatures are judged first: a rolled-back run
+  // is refused before recovery removes or moves a file of it.
+  judge_signatures_on_open();
   remove_stale_staging_files();
   ByStep present;
   scan_checkpoints(present);
@@ -155,7 +158,9 @@ RunDirectory::Impl::ByName RunDirectory::Impl::read_index(const ByStep& present)
   ByName indexed;
   try {
     if (const auto text = read_small(*root, std::string(kRunIndex))) {
-      indexed = run::parse_index(*text);
+      run::RunIndex index = run::parse_index(*text);
+      indexed = std::move(index.generations);
+      retired = std::move(index.retired);
     } else if (!present.empty()) {
       report.index_problem = "missing";
     }
@@ -286,10 +291,9 @@ void RunDirectory::Impl::verify_latest(ByStep& present) {
 void RunDirectory::Impl::remove_uncommitted(ByStep& present) {
   for (auto it = present.upper_bound(*latest); it != present.end();) {
     // Generations are signed only once committed: a newer one that carries a
-    // trusted signature was committed, and LATEST was put back. Its signature
-    // stays either way (verify_signatures reports the rollback); with a trust
-    // policy, nothing is removed and the open fails.
-    refuse_signed_rollback(it->second);
+    // trusted signature was committed, and LATEST was put back. Under a trust
+    // policy the open has refused that already (judge_signatures_on_open);
+    // without one, its signature stays and verify_signatures reports it.
     report.removed_uncommitted.push_back(it->second.name);
     if (options.recover) {
       checkpoints->unlink(it->second.name);
@@ -460,6 +464,20 @@ void RunDirectory::Impl::quarantine_failed(ByStep& present, ByStep::iterator it,
 }
 
 void RunDirectory::Impl::quarantine(const std::string& name) {
+  // Moving the newest signed generation aside would make recovery fall back
+  // to an older one: under a trust policy that is a rollback, refused with
+  // the generation left where it is.
+  if (options.trust && signed_head_step && parse_generation_name(name) == signed_head_step) {
+    std::string why = "it is not a regular file";
+    for (const auto& check : report.damaged) {
+      if (check.name == name) why = concat(check.code ? error_code_name(*check.code) : "unknown", ": ", check.detail);
+    }
+    Error refused(ErrorCode::signature_rollback,
+                  concat("checkpoints/", name, " is the newest generation the run's signatures record, and it does "
+                         "not verify (", why, "); falling back to an older generation would roll the run back"));
+    if (options.recover) throw refused.with_path((path / kCheckpointsDirectory / name).string());
+    if (!signature_verdict) signature_verdict = std::move(refused);  // a read-only open reports; load refuses
+  }
   // A sharded generation's shards go aside with it, under the same suffix.
   const auto step = parse_generation_name(name);
   const std::string shards = step ? shard_directory_name(*step) : std::string();
