@@ -127,7 +127,7 @@ TEST(RunSignatures, CommitSignsEachGenerationThePointersAndTheIndex) {
   }
   const auto checks = RunDirectory(run, read_only()).verify_signatures(signer.trust());
   EXPECT_EQ(first_failure(checks), std::nullopt);
-  EXPECT_EQ(checks.size(), 7u);  // three generations, the chain, LATEST, BEST, index.json
+  EXPECT_EQ(checks.size(), 8u);  // three generations, the head, the chain, LATEST, BEST, index.json
   // Each statement names the one before it.
   const auto second = read_signature_file(run / "checkpoints/step-00000002.pt");
   const auto first = read_signature_file(run / "checkpoints/step-00000001.pt");
@@ -370,9 +370,11 @@ TEST(RunSignatures, LoadAndVerifyUnderATrustPolicyCheckTheGenerationsSignature) 
   // and pointers name, and its signature is gone.
   EXPECT_ERROR_CODE(reader.load(*reader.latest()), ErrorCode::signature_missing);
   EXPECT_ERROR_CODE(reader.require_signatures(signer.trust()), ErrorCode::signature_missing);
-  // Another generation's signature beside it: the statement names another file.
+  // Another generation's signature beside it: the statement names another
+  // file (a new open: a read-only one keeps the verdict it judged).
   fs::copy_file(run / "checkpoints/step-00000002.pt.sig", run / "checkpoints/step-00000003.pt.sig");
-  EXPECT_ERROR_CODE(reader.load(*reader.latest()), ErrorCode::signature_statement_mismatch);
+  RunDirectory second_reader(run, trusting);
+  EXPECT_ERROR_CODE(second_reader.load(*second_reader.latest()), ErrorCode::signature_statement_mismatch);
 }
 
 TEST(RunSignatures, AnHmacKeySignsAndVerifiesARun) {
@@ -564,7 +566,7 @@ TEST(RunSignatures, ACommitSignsInWorkThatDoesNotGrowWithTheRun) {
   for (int step = 11; step < 200; ++step) operations_of_commit(step);
   const std::uint64_t late = operations_of_commit(200);
   EXPECT_EQ(late, early);
-  EXPECT_EQ(first_failure(run.verify_signatures(signer.trust())), std::nullopt);
+  for (const auto& check : run.verify_signatures(signer.trust())) EXPECT_TRUE(check.ok) << check.name << ": " << check.detail;
 }
 
 }  // namespace

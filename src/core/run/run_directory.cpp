@@ -250,8 +250,8 @@ LoadedMapping RunDirectory::load(const GenerationInfo& generation) const {
   const Impl& d = *impl_;
   try {
     if (!d.checkpoints) fail(ErrorCode::run_generation_missing, "there is no checkpoints/ directory");
-    if (d.signature_verdict) throw *d.signature_verdict;  // a read-only open under a trust policy found it
     d.check_generation_signature(generation);
+    if (d.signature_verdict) throw *d.signature_verdict;  // what a read-only open under the policy judged
     LoadedMapping mapping;
     const io::Snapshot snapshot = d.checkpoints->read(generation.name, d.options.limits.max_file_bytes,
                                                       generation.sha256, {}, format::checkpoint_parser(mapping, d.options.limits));

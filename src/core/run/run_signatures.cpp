@@ -148,7 +148,9 @@ SignedStatement RunDirectory::Impl::generation_statement(const GenerationInfo& g
   load.expected_sha256 = g.sha256;
   if (fs == &io::posix_file_system()) return checkpoint_statement(path / kCheckpointsDirectory / g.name, load);
   const io::Snapshot snapshot = checkpoints->read(g.name, options.limits.max_file_bytes, g.sha256);
-  return checkpoint_statement(parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, options.limits), g.name);
+  LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, options.limits);
+  mapping.sha256 = snapshot.sha256;  // parsing alone hashes nothing: the snapshot's digest is the file's
+  return checkpoint_statement(mapping, g.name);
 }
 
 void RunDirectory::Impl::sign_small_file(const SigningKey& key, std::string_view name, std::optional<std::int64_t> step,
