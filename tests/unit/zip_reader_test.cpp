@@ -264,13 +264,44 @@ TEST(ZipReaderAccepts, CentralZip64BlockForASaturatedOffset) {
   EXPECT_EQ(read_and_verify(build_zip(layout)).entries[1].local_header_offset, offset);
 }
 
-TEST(ZipReaderAccepts, LocalZip64BlockValuesAreNotCompared) {
-  // miniz writes a zero compressed size and an offset in the local block.
+// The local zip64 layouts honest writers produce (docs/format.md §3.3), on
+// entry 1 ("abcdefgh", 8 bytes) of two_entries().
+ZipBuilderLayout with_local_zip64(std::vector<std::byte> block, bool descriptor = true) {
   auto layout = two_entries();
-  auto extra = le_bytes({{1, 2}, {16, 2}, {0xDEAD, 8}, {0, 8}});
-  layout.entries[1].local_extra = extra;
+  layout.entries[1].local_extra = std::move(block);
   layout.entries[1].descriptor64 = true;
-  EXPECT_EQ(read_and_verify(build_zip(layout)).entries[1].size, 8u);
+  if (!descriptor) layout.entries[1].flags = 0x0800;
+  return layout;
+}
+
+std::uint64_t second_local_header(const ZipBuilderLayout& layout) {
+  return zip_offsets(build_zip(layout)).local_headers[1];
+}
+
+TEST(ZipReaderAccepts, LocalZip64BlocksAsMinizWritesThem) {
+  // A record of 4 GiB or more: the size, then 0 as the compressed size.
+  EXPECT_EQ(read_and_verify(build_zip(with_local_zip64(le_bytes({{1, 2}, {16, 2}, {8, 8}, {0, 8}})))).entries[1].size,
+            8u);
+  // A header at or past 4 GiB: its own offset, alone or after the sizes.
+  const std::uint64_t offset = second_local_header(two_entries());
+  EXPECT_NO_THROW(read_and_verify(build_zip(with_local_zip64(le_bytes({{1, 2}, {8, 2}, {offset, 8}})))));
+  EXPECT_NO_THROW(
+      read_and_verify(build_zip(with_local_zip64(le_bytes({{1, 2}, {24, 2}, {8, 8}, {0, 8}, {offset, 8}})))));
+}
+
+TEST(ZipReaderAccepts, LocalZip64BlocksAsPythonZipfileWritesThem) {
+  // Seekable output: 32-bit sizes 0xFFFFFFFF and the true sizes in the block,
+  // no descriptor.
+  auto bytes = build_zip(with_local_zip64(le_bytes({{1, 2}, {16, 2}, {8, 8}, {8, 8}}), false));
+  const std::size_t local = zip_offsets(bytes).local_headers[1];
+  put_le(bytes, local + 18, 0xFFFFFFFF, 4);
+  put_le(bytes, local + 22, 0xFFFFFFFF, 4);
+  EXPECT_NO_THROW(read_and_verify(bytes));
+  // Unseekable output: a descriptor, and zeros in the block.
+  bytes = build_zip(with_local_zip64(le_bytes({{1, 2}, {16, 2}, {0, 8}, {0, 8}})));
+  put_le(bytes, local + 18, 0xFFFFFFFF, 4);
+  put_le(bytes, local + 22, 0xFFFFFFFF, 4);
+  EXPECT_NO_THROW(read_and_verify(bytes));
 }
 
 TEST(ZipReaderAccepts, SentinelEndCountDefersToZip64) {
@@ -585,6 +616,49 @@ TEST(ZipReaderRejects, Zip64BlockMissingOneSaturatedField) {
   layout.entries[1].central_uncompressed_size = 0xFFFFFFFF;
   layout.entries[1].central_extra = le_bytes({{1, 2}, {8, 2}, {8, 8}});
   EXPECT_ERROR_CODE(read_zip_directory(build_zip(layout), Limits{}), ErrorCode::zip_extra_field_invalid);
+}
+
+// Issue 35: a local zip64 block was never compared, so a local header could
+// give a size or an offset other than the central directory's.
+TEST(ZipReaderRejects, LocalZip64SizeDisagreesWithCentralDirectory) {
+  EXPECT_ERROR_CODE(read_zip_directory(build_zip(with_local_zip64(le_bytes({{1, 2}, {16, 2}, {0xDEAD, 8}, {0, 8}}))),
+                                       Limits{}),
+                    ErrorCode::zip_local_zip64_mismatch);
+  EXPECT_ERROR_CODE(read_zip_directory(build_zip(with_local_zip64(le_bytes({{1, 2}, {16, 2}, {8, 8}, {9, 8}}))),
+                                       Limits{}),
+                    ErrorCode::zip_local_zip64_mismatch);
+  // 0 stands for "in the descriptor" only when there is one.
+  EXPECT_ERROR_CODE(read_zip_directory(build_zip(with_local_zip64(le_bytes({{1, 2}, {16, 2}, {8, 8}, {0, 8}}), false)),
+                                       Limits{}),
+                    ErrorCode::zip_local_zip64_mismatch);
+}
+
+TEST(ZipReaderRejects, LocalZip64OffsetDisagreesWithCentralDirectory) {
+  const std::uint64_t offset = second_local_header(two_entries());
+  EXPECT_ERROR_CODE(read_zip_directory(build_zip(with_local_zip64(le_bytes({{1, 2}, {8, 2}, {offset + 64, 8}}))),
+                                       Limits{}),
+                    ErrorCode::zip_local_zip64_mismatch);
+  EXPECT_ERROR_CODE(
+      read_zip_directory(build_zip(with_local_zip64(le_bytes({{1, 2}, {24, 2}, {8, 8}, {0, 8}, {0, 8}}))), Limits{}),
+      ErrorCode::zip_local_zip64_mismatch);
+}
+
+TEST(ZipReaderRejects, SaturatedLocalSizeWithoutLocalZip64Sizes) {
+  auto bytes = small_archive();
+  const std::size_t local = zip_offsets(bytes).local_headers[2];
+  put_le(bytes, local + 22, 0xFFFFFFFF, 4);
+  EXPECT_ERROR_CODE(read_zip_directory(bytes, Limits{}), ErrorCode::zip_local_zip64_mismatch);
+  // An offset-only block carries no sizes either.
+  auto layout = with_local_zip64(le_bytes({{1, 2}, {8, 2}, {second_local_header(two_entries()), 8}}));
+  bytes = build_zip(layout);
+  put_le(bytes, zip_offsets(bytes).local_headers[1] + 18, 0xFFFFFFFF, 4);
+  EXPECT_ERROR_CODE(read_zip_directory(bytes, Limits{}), ErrorCode::zip_local_zip64_mismatch);
+}
+
+TEST(ZipReaderRejects, LocalZip64BlockOfNoKnownLayout) {
+  EXPECT_ERROR_CODE(read_zip_directory(build_zip(with_local_zip64(le_bytes({{1, 2}, {12, 2}, {8, 8}, {0, 4}}))),
+                                       Limits{}),
+                    ErrorCode::zip_extra_field_invalid);
 }
 
 // ---- names -------------------------------------------------------------------------

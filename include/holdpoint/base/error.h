@@ -75,6 +75,7 @@ namespace holdpoint {
   X(zip_archive_folder_invalid, "entries do not share one top-level archive folder")          \
   X(zip_local_header_invalid, "a local file header is malformed or lies outside the file")    \
   X(zip_local_header_mismatch, "a local file header disagrees with its central directory entry") \
+  X(zip_local_zip64_mismatch, "a local header's zip64 block disagrees with the central directory") \
   X(zip_entries_overlap, "two entries, or an entry and the central directory, share bytes")   \
   X(zip_gap, "unaccounted bytes between entries (strict layout)")                             \
   X(zip_descriptor_mismatch, "a data descriptor disagrees with the central directory")        \

@@ -481,6 +481,51 @@ std::size_t check_local_header_start(std::span<const std::byte> fixed, std::uint
   return zip::kLocalHeaderSize + name_size + extra_size;
 }
 
+namespace {
+
+// A local zip64 block is one more copy of values the central directory holds
+// and must agree with them, or a reader that trusts the local header (Python's
+// zipfile, a streaming extractor) would see another archive than this one.
+// Honest writers put three layouts there: [uncompressed, compressed] (Python's
+// zipfile; miniz for a record of 4 GiB or more, with compressed 0 because the
+// descriptor carries it), [local header offset] (miniz for a header at or past
+// 4 GiB, which the zip spec does not foresee) and both, sizes first (miniz).
+// So a size there is the central size, or 0 under a descriptor, and an offset
+// is where the header actually starts. docs/format.md §3.3 states the rule.
+void check_local_zip64(const ExtraBlocks& extra, bool deferred, bool saturated32, std::size_t index,
+                       const ZipEntry& entry) {
+  std::optional<std::uint64_t> uncompressed;
+  std::optional<std::uint64_t> compressed;
+  std::optional<std::uint64_t> offset;
+  if (extra.zip64) {
+    const std::span<const std::byte> block = *extra.zip64;
+    if (block.size() != 8 && block.size() != 16 && block.size() != 24) {
+      fail(ErrorCode::zip_extra_field_invalid, entry_label(index, entry.name), ": local zip64 block has ",
+           block.size(), " bytes; 16 (sizes), 8 (header offset) or 24 (both) expected");
+    }
+    if (block.size() != 8) {
+      uncompressed = load_u64(block, 0);
+      compressed = load_u64(block, 8);
+    }
+    if (block.size() != 16) offset = load_u64(block, block.size() - 8);
+  }
+  if (saturated32 && !uncompressed) {
+    fail(ErrorCode::zip_local_zip64_mismatch, entry_label(index, entry.name),
+         ": a local size is 0xFFFFFFFF but no local zip64 block carries the sizes");
+  }
+  const auto size_agrees = [&](std::uint64_t local) { return local == entry.size || (deferred && local == 0); };
+  if (uncompressed && (!size_agrees(*uncompressed) || !size_agrees(*compressed))) {
+    fail(ErrorCode::zip_local_zip64_mismatch, entry_label(index, entry.name), ": local zip64 sizes ", *uncompressed,
+         "/", *compressed, ", central size ", entry.size, deferred ? " (or 0 under a data descriptor)" : "");
+  }
+  if (offset && *offset != entry.local_header_offset) {
+    fail(ErrorCode::zip_local_zip64_mismatch, entry_label(index, entry.name),
+         ": local zip64 block names header offset ", *offset, ", the central directory ", entry.local_header_offset);
+  }
+}
+
+}  // namespace
+
 unsigned check_local_header(std::span<const std::byte> header, std::uint64_t directory_offset, std::size_t index,
                             ZipEntry& entry) {
   const std::uint64_t lho = entry.local_header_offset;
@@ -502,15 +547,15 @@ unsigned check_local_header(std::span<const std::byte> header, std::uint64_t dir
          " method ", method, ", central flags 0x", entry.flags, " method 0", std::dec);
   }
   // The local CRC and sizes are a second copy of the central ones and must
-  // agree. With a descriptor they may instead be zero, as miniz writes them.
-  // A saturated size defers to the zip64 block, whose contents miniz does
-  // not keep consistent and which are not compared.
+  // agree. With a descriptor (bit 3) the writer may not know them yet when it
+  // writes the header, and miniz writes 0 instead; 0xFFFFFFFF defers a size
+  // to the local zip64 block, checked in check_local_zip64.
+  const bool deferred = (flags & zip::kFlagDataDescriptor) != 0;
   {
-    const bool zero_allowed = (flags & zip::kFlagDataDescriptor) != 0;
     const auto size_agrees = [&](std::uint32_t local) {
-      return local == zip::kZip64Threshold || local == entry.size || (zero_allowed && local == 0);
+      return local == zip::kZip64Threshold || local == entry.size || (deferred && local == 0);
     };
-    const bool crc_agrees = crc == entry.crc32 || (zero_allowed && crc == 0);
+    const bool crc_agrees = crc == entry.crc32 || (deferred && crc == 0);
     if (!crc_agrees || !size_agrees(compressed32) || !size_agrees(uncompressed32)) {
       fail(ErrorCode::zip_local_header_mismatch, entry_label(index, entry.name), ": local CRC ", crc, " sizes ",
            compressed32, "/", uncompressed32, ", central CRC ", entry.crc32, " size ", entry.size);
@@ -518,6 +563,8 @@ unsigned check_local_header(std::span<const std::byte> header, std::uint64_t dir
   }
   const ExtraBlocks extra =
       parse_extra(header.subspan(zip::kLocalHeaderSize + name_size, extra_size), index, entry.name, "local", true);
+  check_local_zip64(extra, deferred, compressed32 == zip::kZip64Threshold || uncompressed32 == zip::kZip64Threshold,
+                    index, entry);
 
   entry.data_offset = header_end;
   const auto payload_end = detail::checked_add(header_end, entry.size);
