@@ -3,7 +3,7 @@
 // numpy.isclose, strided views (whole and through the window), safetensors and
 // legacy files; and the refusals: a file changed after the scan (bytes with the
 // same size and time: the CRC-32; a truncation), a corrupt or hostile file, a
-// missing file, a digest that does not match, bad tolerances.
+// missing file, a FIFO, a digest that does not match, bad tolerances.
 #include "holdpoint/verify/checkpoint_diff.h"
 
 #include <fcntl.h>
@@ -351,6 +351,16 @@ TEST(CheckpointDiff, AMissingFileIsAnOpenError) {
   const auto a = save(dir, "a.pt", dict({{"w", floats(ramp(4))}}));
   EXPECT_ERROR_CODE(diff_checkpoints(a, dir / "missing.pt"), ErrorCode::io_open_failed);
   EXPECT_ERROR_CODE(diff_checkpoints(dir.path(), a), ErrorCode::io_not_regular_file);
+}
+
+// Issue 35: a FIFO named as a side blocked the diff in open() forever.
+TEST(CheckpointDiff, AFifoIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const auto a = save(dir, "a.pt", dict({{"w", floats(ramp(4))}}));
+  const auto fifo = dir / "fifo.pt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_ERROR_CODE(diff_checkpoints(a, fifo), ErrorCode::io_not_regular_file);
+  EXPECT_ERROR_CODE(diff_checkpoints(fifo, a), ErrorCode::io_not_regular_file);
 }
 
 TEST(CheckpointDiff, AnExpectedDigestThatDiffersIsRefused) {

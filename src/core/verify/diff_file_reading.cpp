@@ -1,7 +1,6 @@
 // Reading the two sides of holdpoint diff: diff_file_reading.h.
 #include "verify/diff_file_reading.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 
 #include "base/crc32.h"
 #include "base/fail.h"
+#include "base/regular_file.h"
 #include "holdpoint/format/scan.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "verify/diff_elements.h"
@@ -27,9 +27,10 @@ bool same_time(const struct stat& a, const struct stat& b) {
 
 }  // namespace
 
+// Through open_regular_for_reading, so that a FIFO or device named as a side
+// is refused at once instead of blocking the open.
 OpenedFile::OpenedFile(std::filesystem::path path)
-    : path_(std::move(path)), fd_(::open(path_.c_str(), O_RDONLY | O_CLOEXEC)) {
-  if (fd_.get() < 0) fail(ErrorCode::io_open_failed, "cannot open: ", std::strerror(errno));
+    : path_(std::move(path)), fd_(io::open_regular_for_reading(path_).fd) {
   if (::fstat(fd_.get(), &opened_) != 0) fail(ErrorCode::io_open_failed, "cannot stat: ", std::strerror(errno));
 }
 
