@@ -59,12 +59,31 @@ def _path(path: PathLike) -> str:
 def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
                    tensors: str = "auto", trust: Optional[TrustPolicy] = None) -> tuple[Any, dict]:
     """Like :func:`load`, and also returns what was checked: ``{"format", "sha256",
-    "digest_checked", "bytes", "warnings"}``."""
+    "digest_checked", "bytes", "warnings"}``. A ``torch.distributed.checkpoint``
+    folder reads as :func:`load` reads it, with format
+    ``"torch.distributed.checkpoint"``, no ``"bytes"`` and ``sha256`` None."""
+    if _native.is_distributed_checkpoint(_path(path)):
+        _refuse_digest_of_folder(path, expected_sha256, trust)
+        root = load_distributed_checkpoint(path, limits=limits, tensors=tensors)
+        return root, _folder_info()
     root, info = _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors),
                               native_trust(trust))
     if info["format"] == "safetensors":
         root = dict(root)  # as safetensors.torch.load_file returns it
     return root, info
+
+
+def _refuse_digest_of_folder(path: PathLike, expected_sha256: Optional[str], trust: Optional[TrustPolicy],
+                             sidecar: bool = False) -> None:
+    if expected_sha256 is not None or trust is not None or sidecar:
+        raise Error(f"{_path(path)}: a torch.distributed.checkpoint folder has no single digest or signature to "
+                    "check; verify its files instead", "invalid_argument", _path(path))
+
+
+def _folder_info() -> dict:
+    """What load_with_info, verify and inspect report of a DCP folder: it has no
+    single digest or size."""
+    return {"format": "torch.distributed.checkpoint", "sha256": None, "digest_checked": False, "warnings": []}
 
 
 def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
@@ -94,11 +113,6 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
     when the last of them is. Raises :class:`Error` (``.code`` names the reason)
     for anything the reader refuses.
     """
-    if _native.is_distributed_checkpoint(_path(path)):
-        if expected_sha256 is not None or trust is not None:
-            raise Error(f"{_path(path)}: a torch.distributed.checkpoint folder has no single digest or signature to "
-                        "check; verify its files instead", "invalid_argument", _path(path))
-        return load_distributed_checkpoint(path, limits=limits, tensors=tensors)
     return load_with_info(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors, trust=trust)[0]
 
 
@@ -240,6 +254,10 @@ def verify(path: PathLike, *, expected_sha256: Optional[str] = None, sidecar: bo
     digest. Returns ``{"valid": True, "format", "sha256", "digest_checked",
     "bytes", "warnings"}``; raises :class:`Error` when the file is refused. With
     ``trust``, the file's signature is checked first (see :class:`TrustPolicy`)."""
+    if _native.is_distributed_checkpoint(_path(path)):
+        _refuse_digest_of_folder(path, expected_sha256, trust, sidecar)
+        _native.load_distributed_checkpoint(_path(path), dict(limits) if limits else None, describe_tensor, False)
+        return {"valid": True, **_folder_info()}
     return _native.verify(_path(path), expected_sha256, sidecar, dict(limits) if limits else None,
                           native_trust(trust))
 
@@ -280,6 +298,11 @@ def inspect(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Op
     """What a checkpoint holds, without loading tensor bytes: ``{"format",
     "sha256", "bytes", "tree", "records", "markers", ...}``. In ``tree``, each tensor
     is a :class:`TensorInfo` (dtype, shape, stride, offset)."""
+    if _native.is_distributed_checkpoint(_path(path)):
+        _refuse_digest_of_folder(path, expected_sha256, trust)
+        tree = _native.load_distributed_checkpoint(_path(path), dict(limits) if limits else None, describe_tensor,
+                                                   False)
+        return {**_folder_info(), "tree": tree, "records": [], "markers": {}}
     return _native.inspect(_path(path), expected_sha256, dict(limits) if limits else None, describe_tensor,
                            native_trust(trust))
 

@@ -335,7 +335,9 @@ class FaultDirectory final : public io::Directory {
         const auto found = entries().find(name);
         if (found == entries().end()) fail_errno(ErrorCode::io_open_failed, target, "cannot open", ENOENT);
         if (found->second.kind == Entry::Kind::symlink) {
-          fail_errno(ErrorCode::io_open_failed, target, "cannot open", ELOOP);
+          // As io::open_regular_for_reading_at refuses it.
+          throw Error(ErrorCode::io_not_regular_file, "a symlink, which holdpoint never follows inside a folder")
+              .with_path(target.string());
         }
         try {
           if (found->second.kind != Entry::Kind::file) detail::fail(ErrorCode::io_not_regular_file, "not a regular file");

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "holdpoint/format/checkpoint_mapping.h"
+#include "holdpoint/format/distributed_checkpoint.h"
 #include "holdpoint/format/scan.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "value_json.h"
@@ -173,7 +174,39 @@ nlohmann::ordered_json sharding_json(const InspectArguments& args, const Sharded
           {"shards", std::move(shards)}};
 }
 
+// A torch.distributed.checkpoint folder, as holdpoint.load reads it: every
+// item read (there is no streaming reader for DCP) and the tree shown.
+int inspect_distributed_checkpoint(const InspectArguments& args) {
+  Value tree;
+  try {
+    tree = load_distributed_checkpoint(args.file);
+  } catch (const Error& error) {
+    return report_rejected(error);
+  }
+  Totals totals;
+  count_tensors(tree, totals);
+  if (args.json) {
+    nlohmann::ordered_json out;
+    out["file"] = args.file;
+    out["format"] = "torch.distributed.checkpoint";
+    out["sha256"] = nullptr;
+    out["summary"] = {{"tensors", totals.tensors}, {"tensor_bytes", totals.tensor_bytes}};
+    out["tree"] = value_to_json(tree, args.digests);
+    std::cout << out.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::ostream& out = std::cout;
+  out << "file:     " << args.file << "\n";
+  out << "format:   torch.distributed.checkpoint folder (.metadata and its items, each read by the restricted "
+         "reader; a DCP folder carries no digest)\n";
+  out << "summary:  " << totals.tensors << " tensors, " << totals.tensor_bytes << " tensor bytes\n";
+  out << "tree:\n";
+  print_tree(out, tree, "", 1, args.max_items);
+  return kExitOk;
+}
+
 int run_inspect(const InspectArguments& args) {
+  if (is_distributed_checkpoint(args.file)) return inspect_distributed_checkpoint(args);
   LoadedMapping mapping;
   std::optional<ShardedView> sharded;
   try {
@@ -287,7 +320,8 @@ int run_inspect(const InspectArguments& args) {
 void add_inspect_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<InspectArguments>();
   CLI::App* command = app.add_subcommand("inspect", "Show the keys, dtypes, shapes, records and digest of FILE");
-  command->add_option("file", args->file, "a .pt or .safetensors file")->required();
+  command->add_option("file", args->file, "a .pt or .safetensors file, or a torch.distributed.checkpoint folder")
+      ->required();
   command->add_flag("--json", args->json, "print JSON (the canonical value encoding of docs/cli.md)");
   command->add_flag("--digests", args->digests,
                     "with --json: add the SHA-256 of each tensor's elements (reads FILE whole into memory; without "

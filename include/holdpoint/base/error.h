@@ -175,6 +175,8 @@ namespace holdpoint {
   X(dcp_item_missing, "a DCP item has no storage_data entry, or its .distcp file is absent") \
   X(dcp_range_invalid, "a DCP item's byte range lies outside its .distcp file, or its file name leaves the folder") \
   X(dcp_transform_unsupported, "a DCP item was written through a stream transform (compression, ...) or a format holdpoint does not decode") \
+  X(dcp_expanded_bytes_limit, "the DCP items the metadata references, each counted every time it is referenced, and the tensors assembled from chunks exceed Limits::max_distributed_checkpoint_bytes") \
+  X(dcp_chunk_corners_limit, "a DCP tensor's chunks have more corners to check than the tiling check's bound (many chunks split along many dimensions)") \
   /* writers and conversion */                                                                \
   X(write_value_unsupported, "the value cannot be written in the chosen format or mode")      \
   X(write_storage_dtype_conflict, "one storage is referenced with two dtypes")                \

@@ -40,6 +40,14 @@ struct Limits {
   // 4 KiB), which bounds stride-0 expansion of a small storage.
   std::uint32_t max_view_expansion = 4;
 
+  // torch.distributed.checkpoint folders: the bytes of the items the
+  // metadata references, each counted in full every time it is referenced
+  // (a range read once and shared is still charged per reference), plus the
+  // tensors assembled from several chunks. An honest folder references each
+  // byte once: twice max_file_bytes admits one of max_file_bytes whose
+  // tensors are all assembled.
+  std::uint64_t max_distributed_checkpoint_bytes = std::uint64_t{512} << 30;
+
   // safetensors header.
   std::uint64_t max_safetensors_header_bytes = 100'000'000;
   std::uint32_t max_json_depth = 16;

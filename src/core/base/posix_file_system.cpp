@@ -10,6 +10,7 @@
 
 #include "base/fail.h"
 #include "base/file_descriptor.h"
+#include "base/regular_file.h"
 #include "holdpoint/base/file_system.h"
 
 namespace holdpoint::io {
@@ -82,20 +83,15 @@ class PosixDirectory final : public Directory {
   }
 
   Snapshot map(const std::string& name, std::uint64_t max_bytes) override {
-    const FileDescriptor fd = open_to_read(name);
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot stat", errno);
-    if (!S_ISREG(info.st_mode)) {
-      throw Error(ErrorCode::io_not_regular_file, "not a regular file").with_path((path_ / name).string());
-    }
-    const auto size = static_cast<std::uint64_t>(info.st_size);
+    const RegularFile file = open_regular_for_reading_at(fd_, name, path_ / name);
+    const std::uint64_t size = file.size;
     if (size > max_bytes) {
       throw Error(ErrorCode::file_too_large, detail::concat("file is ", size, " bytes, above the limit of ", max_bytes))
           .with_path((path_ / name).string());
     }
     Snapshot snapshot;
     try {
-      snapshot.buffer = Buffer::map_file(fd.get(), static_cast<std::size_t>(size));
+      snapshot.buffer = Buffer::map_file(file.fd.get(), static_cast<std::size_t>(size));
     } catch (const Error& error) {
       throw error.with_path((path_ / name).string());
     }
@@ -195,13 +191,11 @@ class PosixDirectory final : public Directory {
   }
 
  private:
-  // `name` opened for reading, never through a symlink. O_NONBLOCK: opening a
-  // FIFO planted at `name` would otherwise wait for a writer forever; the
-  // callers then refuse it as not regular. Regular files ignore the flag.
+  // `name` opened for reading the one way every reader opens a file: never
+  // through a symlink, refused unless regular before a read can block
+  // (io_not_regular_file).
   FileDescriptor open_to_read(const std::string& name) const {
-    const int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) fail_errno(ErrorCode::io_open_failed, path_ / name, "cannot open", errno);
-    return FileDescriptor(fd);
+    return open_regular_for_reading_at(fd_, name, path_ / name).fd;
   }
 
   int fd_;

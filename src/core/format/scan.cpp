@@ -1,10 +1,7 @@
 #include "holdpoint/format/scan.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -13,7 +10,7 @@
 
 #include "base/fail.h"
 #include "holdpoint/base/sha256.h"
-#include "base/file_descriptor.h"
+#include "base/regular_file.h"
 #include "base/file_stream.h"
 #include "format/signed_digest.h"
 #include "format/pt_reader.h"
@@ -328,21 +325,14 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
 LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& given, ScanKeeps keeps) {
   LoadOptions options = given;
   options.expected_sha256 = format::expected_digest(path, given);
-  io::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    throw Error(ErrorCode::io_open_failed, detail::concat("cannot open: ", std::strerror(errno)))
-        .with_path(path.string());
-  }
+  const io::RegularFile file = io::open_regular_for_reading(path);
   try {
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) fail(ErrorCode::io_open_failed, "cannot stat: ", std::strerror(errno));
-    if (!S_ISREG(info.st_mode)) fail(ErrorCode::io_not_regular_file, "not a regular file");
-    const auto size = static_cast<std::uint64_t>(info.st_size);
+    const std::uint64_t size = file.size;
     if (size > options.limits.max_file_bytes) {
       fail(ErrorCode::file_too_large, "file is ", size, " bytes, above the limit of ", options.limits.max_file_bytes,
            " (Limits::max_file_bytes)");
     }
-    return scan_open_file(fd.get(), size, path, options, keeps);
+    return scan_open_file(file.fd.get(), size, path, options, keeps);
   } catch (const Error& error) {
     throw error.with_path(path.string());
   }

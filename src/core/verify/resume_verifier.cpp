@@ -10,11 +10,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 
 #include "base/fail.h"
+#include "base/file_stream.h"
+#include "base/regular_file.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/base/file_system.h"
 #include "base/publish.h"
@@ -108,9 +108,18 @@ std::string cut_prefix(std::int64_t cut, std::int64_t steps, bool sweep) {
 
 // "; <stderr.log>: <its last lines>" or "; <stderr.log> is empty", for messages about a failed run.
 std::string stderr_tail(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.size() > kStderrTailBytes) text = "..." + text.substr(text.size() - kStderrTailBytes);
+  std::string text;
+  try {
+    // The trainer may have replaced its log by a FIFO: a blocking read
+    // would hang the verifier.
+    const io::RegularFile file = io::open_regular_for_reading(path);
+    const std::uint64_t start = file.size > kStderrTailBytes ? file.size - kStderrTailBytes : 0;
+    text.resize(static_cast<std::size_t>(file.size - start));
+    text.resize(io::pread_fully(file.fd.get(), reinterpret_cast<std::byte*>(text.data()), text.size(), start));
+    if (start > 0) text = "..." + text;
+  } catch (const Error& error) {
+    return "; " + path.string() + ": " + error.detail();
+  }
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
   return text.empty() ? "; " + path.string() + " is empty" : "; " + path.string() + ": " + text;
 }

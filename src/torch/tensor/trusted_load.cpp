@@ -5,10 +5,10 @@
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
-#include <fstream>
-#include <iterator>
 
 #include "base/fail.h"
+#include "base/file_stream.h"
+#include "base/regular_file.h"
 #include "holdpoint/tensor/torch_tensor.h"
 
 namespace holdpoint {
@@ -70,8 +70,11 @@ LoadedMapping load_with_libtorch(const std::filesystem::path& path) {
     torchscript_error = error.what_without_backtrace();
   }
   try {
-    std::ifstream in(path, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // The same open as every reader's: load_checkpoint_mapping refused a
+    // FIFO or device already, but the name may have changed since.
+    const io::RegularFile file = io::open_regular_for_reading(path);
+    std::vector<char> bytes(static_cast<std::size_t>(file.size));
+    bytes.resize(io::pread_fully(file.fd.get(), reinterpret_cast<std::byte*>(bytes.data()), bytes.size(), 0));
     mapping.root = value_from_ivalue(torch::jit::pickle_load(bytes), 0);
     mapping.format = FileFormat::pytorch_zip;
     return mapping;
