@@ -28,24 +28,14 @@
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint/schema/manifest.h"
 #include "support/fault_file_system.h"
+#include "support/generation_writer.h"
 
 namespace {
 
 using namespace holdpoint;
 using Clock = std::chrono::steady_clock;
 
-RunDirectory::Writer writer_for(std::int64_t step) {
-  Dict root;
-  Manifest manifest;
-  manifest.semantic_identity = "run-signing-bench";
-  root.insert(std::string(kManifestKey), manifest.to_value());
-  const std::vector<std::int64_t> payload(8, step);
-  root.insert("payload", Value::tensor(TensorData::from_bytes(DType::int64, {8},
-                                                              std::as_bytes(std::span<const std::int64_t>(payload)))));
-  io::MemorySink sink;
-  format::write_pt(sink, Value::dict(std::move(root)));
-  return [bytes = sink.bytes()](io::ByteSink& out) { out.write(bytes); };
-}
+RunDirectory::Writer writer_for(std::int64_t step) { return testing::generation_writer(step, "run-signing-bench"); }
 
 struct BenchRun {
   testing::FaultFileSystem fs;

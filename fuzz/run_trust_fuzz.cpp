@@ -45,6 +45,7 @@
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint/schema/manifest.h"
 #include "support/fault_file_system.h"
+#include "support/generation_writer.h"
 
 namespace {
 
@@ -57,17 +58,7 @@ const std::string kRun = "/run";
 [[noreturn]] void contract_broken() { __builtin_trap(); }
 
 holdpoint::RunDirectory::Writer writer_for(std::int64_t step) {
-  using namespace holdpoint;
-  Dict root;
-  Manifest manifest;
-  manifest.semantic_identity = "run-trust-fuzz";
-  root.insert(std::string(kManifestKey), manifest.to_value());
-  const std::vector<std::int64_t> payload(4, step);
-  root.insert("payload", Value::tensor(TensorData::from_bytes(DType::int64, {4},
-                                                              std::as_bytes(std::span<const std::int64_t>(payload)))));
-  io::MemorySink sink;
-  format::write_pt(sink, Value::dict(std::move(root)));
-  return [bytes = sink.bytes()](io::ByteSink& out) { out.write(bytes); };
+  return holdpoint::testing::generation_writer(step, "run-trust-fuzz", 4);
 }
 
 Files files_of(const FaultFileSystem& fs) {

@@ -29,6 +29,7 @@
 #include "holdpoint/run/export.h"
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint/schema/manifest.h"
+#include "support/generation_writer.h"
 #include "support/test_support.h"
 
 namespace holdpoint {
@@ -37,18 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-RunDirectory::Writer writer_for(std::int64_t step) {
-  Dict root;
-  Manifest manifest;
-  manifest.semantic_identity = "run-adversary-test";
-  root.insert(std::string(kManifestKey), manifest.to_value());
-  const std::vector<std::int64_t> payload(8, step);
-  root.insert("payload", Value::tensor(TensorData::from_bytes(DType::int64, {8},
-                                                              std::as_bytes(std::span<const std::int64_t>(payload)))));
-  io::MemorySink sink;
-  format::write_pt(sink, Value::dict(std::move(root)));
-  return [bytes = sink.bytes()](io::ByteSink& out) { out.write(bytes); };
-}
+RunDirectory::Writer writer_for(std::int64_t step) { return testing::generation_writer(step, "run-adversary-test"); }
 
 std::string read_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

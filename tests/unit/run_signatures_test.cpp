@@ -22,6 +22,7 @@
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint/schema/manifest.h"
 #include "support/fault_file_system.h"
+#include "support/generation_writer.h"
 #include "support/test_support.h"
 
 namespace holdpoint {
@@ -30,18 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-RunDirectory::Writer writer_for(std::int64_t step) {
-  Dict root;
-  Manifest manifest;
-  manifest.semantic_identity = "run-signatures-test";
-  root.insert(std::string(kManifestKey), manifest.to_value());
-  const std::vector<std::int64_t> payload(16, step);
-  root.insert("payload", Value::tensor(TensorData::from_bytes(DType::int64, {16},
-                                                              std::as_bytes(std::span<const std::int64_t>(payload)))));
-  io::MemorySink sink;
-  format::write_pt(sink, Value::dict(std::move(root)));
-  return [bytes = sink.bytes()](io::ByteSink& out) { out.write(bytes); };
-}
+RunDirectory::Writer writer_for(std::int64_t step) { return testing::generation_writer(step, "run-signatures-test", 16); }
 
 GenerationSpec spec(std::int64_t step, double loss) {
   GenerationSpec s;
