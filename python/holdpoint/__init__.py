@@ -323,8 +323,12 @@ class RunDirectory:
 
     ``trust`` (a :class:`TrustPolicy`): every load and verify also checks the
     generation's signature first, and :meth:`TrainingState.resume` checks the whole
-    run's (:meth:`verify_signatures`). Opening under a policy refuses a rolled-back
-    LATEST (``signature_rollback``) instead of removing the newer signed generation.
+    run's (:meth:`verify_signatures`). Opening under a policy judges the run's
+    signatures before recovery touches a file: LATEST behind the newest signed
+    generation, or that generation gone or damaged, is ``signature_rollback``; a
+    generation missing from the chain (the oldest included) is
+    ``signature_chain_broken``. A policy's ``min_head_step`` / ``expected_head`` (an
+    outside witness) also catches a whole directory put back.
     ``signing_key`` (a private key file): each commit is signed once LATEST names
     it, and LATEST, BEST and ``index.json`` after it (docs/threat-model.md,
     "Signing a run").
