@@ -119,6 +119,56 @@ TEST(ConfigIdentity, KeysAreSortedByCodePointAndContainersNest) {
             R"([1,[2.5,[]],{"x":null},[true,false],{"x":false,"z":null}])");
 }
 
+Value int_keyed(std::vector<std::pair<std::int64_t, Value>> entries) {
+  Dict dict;
+  for (auto& [key, value] : entries) dict.insert(key, std::move(value));
+  return Value::dict(std::move(dict));
+}
+
+// Issue 35: int keys were sorted as text ("10" before "2"), so an int-keyed
+// config had a digest other than the one Python's json.dumps gives.
+TEST(ConfigIdentity, IntKeysSortByValueAsPythonSortsThem) {
+  TrainingConfig config;
+  config.load_bearing("class_weights", int_keyed({{10, Value::floating(1.5)},
+                                                   {2, Value::floating(0.5)},
+                                                   {-1, Value::floating(0.0)}}))
+      .load_bearing("name", Value::string("run"));
+  // From Python: json.dumps(fields, sort_keys=True, separators=(",", ":"),
+  // ensure_ascii=False) and hashlib.sha256 of its UTF-8.
+  EXPECT_EQ(config.canonical_load_bearing(), R"({"class_weights":{"-1":0.0,"2":0.5,"10":1.5},"name":"run"})");
+  EXPECT_EQ(config.load_bearing_digest().hex(), "f02c6f79c2e896561640c7aaf6c58a0f4512138c50ee40dbe73c8d7220cc41c0");
+  // The first rule, kept to check files written under it.
+  EXPECT_EQ(config.canonical_load_bearing(ConfigDigestVersion::text_key_order),
+            R"({"class_weights":{"-1":0.0,"10":1.5,"2":0.5},"name":"run"})");
+  EXPECT_TRUE(config.digest_depends_on_version());
+}
+
+TEST(ConfigIdentity, IntKeysComeBeforeStrKeysAndNoneIsLost) {
+  // Python's sort refuses a dict mixing int and str keys; holdpoint puts the
+  // ints first, as sorted(key=lambda k: (isinstance(k, str), k)) does. The
+  // first rule kept only one of an int and a str key with the same text.
+  Dict mixed;
+  mixed.insert("b", Value::integer(1));
+  mixed.insert(10, Value::string("ten"));
+  mixed.insert(2, Value::string("two"));
+  mixed.insert("1", Value::string("str one"));
+  mixed.insert(1, Value::string("int one"));
+  const Value value = Value::dict(std::move(mixed));
+  EXPECT_EQ(canonical_json(value), R"({"1":"int one","2":"two","10":"ten","1":"str one","b":1})");
+  EXPECT_EQ(canonical_json(value, ConfigDigestVersion::text_key_order), R"({"1":"str one","10":"ten","2":"two","b":1})");
+}
+
+TEST(ConfigIdentity, TheKeyOrderMattersOnlyWhereTextAndValueOrderDiffer) {
+  EXPECT_FALSE(sample_config().digest_depends_on_version());
+  TrainingConfig config;
+  config.load_bearing("milestones", int_keyed({{1, Value::integer(0)}, {3, Value::integer(1)}, {7, Value::integer(2)}}));
+  EXPECT_FALSE(config.digest_depends_on_version());
+  config.operational("buckets", int_keyed({{9, Value::none()}, {100, Value::none()}}));
+  EXPECT_TRUE(config.digest_depends_on_version());
+  EXPECT_EQ(config.load_bearing_digest(ConfigDigestVersion::text_key_order), config.load_bearing_digest());
+  EXPECT_NE(config.operational_digest(ConfigDigestVersion::text_key_order), config.operational_digest());
+}
+
 TEST(ConfigIdentity, InsertionOrderDoesNotChangeTheDigest) {
   TrainingConfig a, b;
   a.load_bearing("lr", Value::floating(0.1)).load_bearing("batch_size", Value::integer(8));

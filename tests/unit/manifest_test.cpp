@@ -316,6 +316,49 @@ TEST(Manifest, StorageDigestKindRoundTripsAndDefaultsToSha256WhenAbsent) {
   EXPECT_EQ(Manifest::from_value(legacy.to_value()).storage_digest, StorageDigestKind::sha256);
 }
 
+Manifest int_keyed_manifest() {
+  Manifest manifest = sample_manifest();
+  Dict weights;
+  weights.insert(10, Value::floating(1.5));
+  weights.insert(2, Value::floating(0.5));
+  manifest.config.load_bearing("class_weights", Value::dict(std::move(weights)));
+  return manifest;
+}
+
+TEST(Manifest, ConfigDigestVersionIsWrittenOnlyWhereTheKeyOrderMatters) {
+  EXPECT_FALSE(sample_manifest().to_value().as_dict().at("config_identity").as_dict().find(
+      std::string_view("digest_version")));
+  const Manifest manifest = int_keyed_manifest();
+  const Value value = manifest.to_value();
+  const Dict& identity = value.as_dict().at("config_identity").as_dict();
+  EXPECT_EQ(identity.at("digest_version").as_int(), 2);
+  EXPECT_EQ(identity.at("load_bearing_sha256").as_string(), manifest.config.load_bearing_digest().hex());
+  EXPECT_EQ(Manifest::from_value(value).config.canonical_load_bearing(), manifest.config.canonical_load_bearing());
+}
+
+// Issue 35: files written before int keys sorted by value carry digests of the
+// text order and no digest_version; they must still read (and so resume).
+TEST(Manifest, AnOldFilesConfigDigestsAreCheckedWithTheOldKeyOrder) {
+  const Manifest manifest = int_keyed_manifest();
+  Value old = without_field(manifest.to_value(), {"config_identity"}, "digest_version");
+  old = with_field(old, {"config_identity"}, "load_bearing_sha256",
+                   Value::string(manifest.config.load_bearing_digest(ConfigDigestVersion::text_key_order).hex()));
+  EXPECT_EQ(Manifest::from_value(old).config.load_bearing_digest(), manifest.config.load_bearing_digest());
+  // Each rule's digests only under its own version.
+  EXPECT_ERROR_CODE(Manifest::from_value(without_field(manifest.to_value(), {"config_identity"}, "digest_version")),
+                    ErrorCode::schema_field_invalid);
+  EXPECT_ERROR_CODE(Manifest::from_value(with_field(old, {"config_identity"}, "digest_version", Value::integer(2))),
+                    ErrorCode::schema_field_invalid);
+}
+
+TEST(ManifestRejects, AnUnknownConfigDigestVersion) {
+  const Value value = int_keyed_manifest().to_value();
+  for (const Value& version : {Value::integer(1), Value::integer(3), Value::string("2")}) {
+    EXPECT_ERROR_CODE(Manifest::from_value(with_field(value, {"config_identity"}, "digest_version", version)),
+                      ErrorCode::schema_field_invalid);
+  }
+}
+
 TEST(ManifestRejects, AnUnknownStorageDigestKind) {
   const Value value = sample_manifest().to_value();
   // Only the kind this build computes is named; sha256 is spelled by absence.

@@ -13,7 +13,11 @@
 // Each group is identified by the SHA-256 of its canonical JSON: keys sorted,
 // no whitespace, ints as decimals, floats as Python's repr writes them, so
 // `json.dumps(fields, sort_keys=True, separators=(',', ':'), ensure_ascii=False)`
-// in Python yields the same bytes (docs/resume-contract.md).
+// in Python yields the same bytes (docs/resume-contract.md). Keys sort as
+// Python sorts them: int keys by value (2 before 10), str keys by code point;
+// a dict mixing both, which Python's sort refuses, has its int keys first.
+// Files written before version 2 sorted int keys by their text; their
+// digests are checked with that rule (ConfigDigestVersion).
 //
 // Values are None, bool, int, float, str, and lists/tuples/dicts of them; no
 // tensors (config_invalid otherwise).
@@ -31,6 +35,15 @@
 
 namespace holdpoint {
 
+// How a canonical JSON orders dict keys. The manifest records the version
+// when the two differ for its config (docs/resume-contract.md), so that a file
+// written under the first rule is still checked against its own digests.
+enum class ConfigDigestVersion : std::uint8_t {
+  text_key_order = 1,    // every key by its decimal or string text ("10" before "2")
+  python_key_order = 2,  // as json.dumps(sort_keys=True): 2 before 10
+};
+inline constexpr ConfigDigestVersion kConfigDigestVersion = ConfigDigestVersion::python_key_order;
+
 class TrainingConfig {
  public:
   // Adds or replaces a field. Keys are plain names; values may nest.
@@ -42,10 +55,14 @@ class TrainingConfig {
   const Dict& operational_fields() const noexcept { return operational_; }
   std::optional<std::int64_t> max_epochs() const;
 
-  std::string canonical_load_bearing() const;
-  std::string canonical_operational() const;
-  Sha256Digest load_bearing_digest() const;
-  Sha256Digest operational_digest() const;
+  std::string canonical_load_bearing(ConfigDigestVersion version = kConfigDigestVersion) const;
+  std::string canonical_operational(ConfigDigestVersion version = kConfigDigestVersion) const;
+  Sha256Digest load_bearing_digest(ConfigDigestVersion version = kConfigDigestVersion) const;
+  Sha256Digest operational_digest(ConfigDigestVersion version = kConfigDigestVersion) const;
+  // Whether the two key orders give this config different canonical texts
+  // (an int-keyed dict whose text order is not its numeric order, or an int
+  // and a str key with the same text).
+  bool digest_depends_on_version() const;
 
   // {"load_bearing": {...}, "operational": {...}} as stored in the manifest.
   Value to_value() const;
@@ -59,7 +76,7 @@ class TrainingConfig {
 
 // The canonical JSON text of a config value (see above); config_invalid for
 // tensors or bytes.
-std::string canonical_json(const Value& value);
+std::string canonical_json(const Value& value, ConfigDigestVersion version = kConfigDigestVersion);
 
 struct MaxEpochsChange {
   std::int64_t saved = 0;

@@ -4,7 +4,9 @@
 // Layout (schema version 1; docs/resume-contract.md has the field table):
 //   schema "holdpoint.checkpoint", schema_version 1, kind ("resume" | "model" |
 //   "selection"), semantic_identity, profile, config {load_bearing, operational},
-//   config_identity {load_bearing_sha256, operational_sha256},
+//   config_identity {load_bearing_sha256, operational_sha256, and
+//   digest_version 2 where the key order changes the config's canonical JSON;
+//   absent means 1: holdpoint/schema/config_identity.h},
 //   components {name: {sha256, contract}}, versions {holdpoint, libtorch,
 //   compiler}, code_identity, data_identity, last_resume_drift (None or
 //   {field, from, to, at_step}).

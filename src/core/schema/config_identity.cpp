@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "base/fail.h"
 #include "base/json_string.h"
@@ -54,7 +56,7 @@ std::string python_float_repr(double value) {
   return negative ? "-" + out : out;
 }
 
-void append_canonical(std::string& out, const Value& value, const std::string& path) {
+void append_canonical(std::string& out, const Value& value, const std::string& path, ConfigDigestVersion version) {
   switch (value.kind()) {
     case ValueKind::none: out += "null"; return;
     case ValueKind::boolean: out += value.as_bool() ? "true" : "false"; return;
@@ -68,18 +70,35 @@ void append_canonical(std::string& out, const Value& value, const std::string& p
       const auto& items = value.as_list();
       for (std::size_t i = 0; i < items.size(); ++i) {
         if (i) out.push_back(',');
-        append_canonical(out, items[i], path + "[" + std::to_string(i) + "]");
+        append_canonical(out, items[i], path + "[" + std::to_string(i) + "]", version);
       }
       out.push_back(']');
       return;
     }
     case ValueKind::dict:
     case ValueKind::ordered_dict: {
-      // Sorted by key text, as sort_keys=True sorts (str keys; Python renders
-      // int keys as their decimal text).
-      std::map<std::string, const Value*> sorted;
-      for (const auto& [key, item] : value.as_dict()) {
-        sorted.emplace(key.is_string() ? key.as_string() : std::to_string(key.as_int()), &item);
+      std::vector<std::pair<std::string, const Value*>> sorted;
+      if (version == ConfigDigestVersion::text_key_order) {
+        // Kept to check files written before python_key_order: every key by its
+        // text, and of an int and a str key with the same text only the first.
+        std::map<std::string, const Value*> by_text;
+        for (const auto& [key, item] : value.as_dict()) {
+          by_text.emplace(key.is_string() ? key.as_string() : std::to_string(key.as_int()), &item);
+        }
+        sorted.assign(by_text.begin(), by_text.end());
+      } else {
+        std::vector<const Dict::Entry*> entries;
+        for (const Dict::Entry& entry : value.as_dict()) entries.push_back(&entry);
+        std::sort(entries.begin(), entries.end(), [](const Dict::Entry* a, const Dict::Entry* b) {
+          const DictKey& x = a->first;
+          const DictKey& y = b->first;
+          if (x.is_string() != y.is_string()) return y.is_string();
+          return x.is_string() ? x.as_string() < y.as_string() : x.as_int() < y.as_int();
+        });
+        for (const Dict::Entry* entry : entries) {
+          const DictKey& key = entry->first;
+          sorted.emplace_back(key.is_string() ? key.as_string() : std::to_string(key.as_int()), &entry->second);
+        }
       }
       out.push_back('{');
       bool first = true;
@@ -88,7 +107,7 @@ void append_canonical(std::string& out, const Value& value, const std::string& p
         first = false;
         append_json_string(out, key);
         out.push_back(':');
-        append_canonical(out, *item, path + "." + key);
+        append_canonical(out, *item, path + "." + key, version);
       }
       out.push_back('}');
       return;
@@ -102,7 +121,7 @@ void append_canonical(std::string& out, const Value& value, const std::string& p
 
 void check_config_value(const Value& value, const std::string& path) {
   std::string ignored;
-  append_canonical(ignored, value, path);
+  append_canonical(ignored, value, path, kConfigDigestVersion);
 }
 
 Sha256Digest digest_of(const std::string& text) {
@@ -129,9 +148,9 @@ void collect_drift(const Value* saved, const Value* live, const std::string& pat
 
 }  // namespace
 
-std::string canonical_json(const Value& value) {
+std::string canonical_json(const Value& value, ConfigDigestVersion version) {
   std::string out;
-  append_canonical(out, value, "config");
+  append_canonical(out, value, "config", version);
   return out;
 }
 
@@ -163,10 +182,22 @@ std::optional<std::int64_t> TrainingConfig::max_epochs() const {
   return value->as_int();
 }
 
-std::string TrainingConfig::canonical_load_bearing() const { return canonical_json(Value::dict(load_bearing_)); }
-std::string TrainingConfig::canonical_operational() const { return canonical_json(Value::dict(operational_)); }
-Sha256Digest TrainingConfig::load_bearing_digest() const { return digest_of(canonical_load_bearing()); }
-Sha256Digest TrainingConfig::operational_digest() const { return digest_of(canonical_operational()); }
+std::string TrainingConfig::canonical_load_bearing(ConfigDigestVersion version) const {
+  return canonical_json(Value::dict(load_bearing_), version);
+}
+std::string TrainingConfig::canonical_operational(ConfigDigestVersion version) const {
+  return canonical_json(Value::dict(operational_), version);
+}
+Sha256Digest TrainingConfig::load_bearing_digest(ConfigDigestVersion version) const {
+  return digest_of(canonical_load_bearing(version));
+}
+Sha256Digest TrainingConfig::operational_digest(ConfigDigestVersion version) const {
+  return digest_of(canonical_operational(version));
+}
+bool TrainingConfig::digest_depends_on_version() const {
+  return canonical_load_bearing(ConfigDigestVersion::text_key_order) != canonical_load_bearing() ||
+         canonical_operational(ConfigDigestVersion::text_key_order) != canonical_operational();
+}
 
 Value TrainingConfig::to_value() const {
   Dict out;

@@ -92,6 +92,7 @@ const std::initializer_list<std::string_view> kTopFields = {
     "schema",     "schema_version", "kind",       "semantic_identity", "profile",         "config", "config_identity",
     "components", "versions",       "code_identity", "data_identity", "last_resume_drift"};
 constexpr std::string_view kStorageDigestField = "storage_digest";
+constexpr std::string_view kConfigDigestVersionField = "digest_version";
 
 // Bounds that keep a hostile manifest from asking for absurd work.
 constexpr std::int64_t kMaxWorldSize = 1 << 16;
@@ -178,6 +179,11 @@ Value Manifest::to_value() const {
   Dict identity;
   identity.insert("load_bearing_sha256", Value::string(config.load_bearing_digest().hex()));
   identity.insert("operational_sha256", Value::string(config.operational_digest().hex()));
+  // Only where the key order matters, so that every other file stays exactly
+  // what readers before version 2 read.
+  if (config.digest_depends_on_version()) {
+    identity.insert(std::string(kConfigDigestVersionField), Value::integer(static_cast<int>(kConfigDigestVersion)));
+  }
   Dict versions;
   versions.insert("holdpoint", Value::string(holdpoint_version));
   versions.insert("libtorch", Value::string(libtorch_version));
@@ -290,15 +296,28 @@ Manifest Manifest::from_value(const Value& value) {
   }
 
   const ManifestFields identity(top.get("config_identity"), top.path_of("config_identity"));
-  identity.check_keys({"load_bearing_sha256", "operational_sha256"});
-  // The digests restate the config; a mismatch means one of them was edited.
-  if (identity.digest("load_bearing_sha256") != manifest.config.load_bearing_digest()) {
-    fail(ErrorCode::schema_field_invalid, kManifestKey,
-         ".config_identity.load_bearing_sha256 does not match config.load_bearing");
+  identity.check_keys({"load_bearing_sha256", "operational_sha256"}, {kConfigDigestVersionField});
+  // Absent: the file was written under the first key order, or under a later
+  // one that gives its config the same text.
+  ConfigDigestVersion digest_version = ConfigDigestVersion::text_key_order;
+  if (top.get("config_identity").as_dict().find(kConfigDigestVersionField)) {
+    const std::int64_t version = identity.integer(kConfigDigestVersionField);
+    if (version != static_cast<int>(ConfigDigestVersion::python_key_order)) {
+      fail(ErrorCode::schema_field_invalid, kManifestKey, ".config_identity.", kConfigDigestVersionField, " is ",
+           version, "; this build knows 2 (absent means 1)");
+    }
+    digest_version = ConfigDigestVersion::python_key_order;
   }
-  if (identity.digest("operational_sha256") != manifest.config.operational_digest()) {
+  // The digests restate the config; a mismatch means one of them was edited.
+  if (identity.digest("load_bearing_sha256") != manifest.config.load_bearing_digest(digest_version)) {
     fail(ErrorCode::schema_field_invalid, kManifestKey,
-         ".config_identity.operational_sha256 does not match config.operational");
+         ".config_identity.load_bearing_sha256 does not match config.load_bearing (digest version ",
+         static_cast<int>(digest_version), ")");
+  }
+  if (identity.digest("operational_sha256") != manifest.config.operational_digest(digest_version)) {
+    fail(ErrorCode::schema_field_invalid, kManifestKey,
+         ".config_identity.operational_sha256 does not match config.operational (digest version ",
+         static_cast<int>(digest_version), ")");
   }
 
   const Value& components = top.get("components");
