@@ -93,7 +93,8 @@ def main():
         except TypeError:
             pass
         got = manifest_of(path)["config_identity"]["load_bearing_sha256"]
-        report.check(got == recipe_digest(load_bearing), f"mixed keys: digest {got}, recipe {recipe_digest(load_bearing)}")
+        report.check(got == recipe_digest(load_bearing),
+                     f"mixed keys: digest {got}, recipe {recipe_digest(load_bearing)}")
 
         path = os.path.join(tmp, "str-keyed.pt")
         state_with({"lr": 0.1, "milestones": {1: 0, 3: 1}}, {}).save(path)

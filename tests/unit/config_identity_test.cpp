@@ -155,13 +155,15 @@ TEST(ConfigIdentity, IntKeysComeBeforeStrKeysAndNoneIsLost) {
   mixed.insert(1, Value::string("int one"));
   const Value value = Value::dict(std::move(mixed));
   EXPECT_EQ(canonical_json(value), R"({"1":"int one","2":"two","10":"ten","1":"str one","b":1})");
-  EXPECT_EQ(canonical_json(value, ConfigDigestVersion::text_key_order), R"({"1":"str one","10":"ten","2":"two","b":1})");
+  EXPECT_EQ(canonical_json(value, ConfigDigestVersion::text_key_order),
+            R"({"1":"str one","10":"ten","2":"two","b":1})");
 }
 
 TEST(ConfigIdentity, TheKeyOrderMattersOnlyWhereTextAndValueOrderDiffer) {
   EXPECT_FALSE(sample_config().digest_depends_on_version());
   TrainingConfig config;
-  config.load_bearing("milestones", int_keyed({{1, Value::integer(0)}, {3, Value::integer(1)}, {7, Value::integer(2)}}));
+  config.load_bearing("milestones",
+                      int_keyed({{1, Value::integer(0)}, {3, Value::integer(1)}, {7, Value::integer(2)}}));
   EXPECT_FALSE(config.digest_depends_on_version());
   config.operational("buckets", int_keyed({{9, Value::none()}, {100, Value::none()}}));
   EXPECT_TRUE(config.digest_depends_on_version());
