@@ -165,8 +165,9 @@ RunDirectory::Impl::ByName RunDirectory::Impl::read_index(const ByStep& present)
       report.index_problem = "missing";
     }
   } catch (const Error& error) {
-    // A symlink in its place (ELOOP: io_open_failed) is a malformed index,
-    // replaced by the rewrite, never followed.
+    // A symlink, FIFO or device in its place (io_not_regular_file), or a file
+    // that does not open (io_open_failed), is a malformed index, replaced by
+    // the rewrite, never followed.
     if (unreadable_here(error.code()) && error.code() != ErrorCode::io_open_failed) throw;
     report.index_problem = error.detail();
   }
@@ -256,7 +257,7 @@ void RunDirectory::Impl::judge_latest_pointer(const ByStep& present) {
   if (latest_pointer_error) {
     const Error& error = *latest_pointer_error;
     if (unreadable_here(error.code()) && error.code() != ErrorCode::io_open_failed) throw error;
-    report.latest_problem = error.detail();  // a symlink (ELOOP) is a malformed pointer, not an I/O failure
+    report.latest_problem = error.detail();  // a symlink or FIFO in its place is a malformed pointer, not an I/O failure
   } else if (!latest_pointer && !present.empty()) {
     report.latest_problem = "missing";
   }
