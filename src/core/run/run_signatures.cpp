@@ -269,7 +269,8 @@ std::vector<GenerationCheck> RunDirectory::Impl::judge_signed_head(const TrustPo
   }
   for (const auto& [source, step] : e.named_steps) named.emplace(step, source);
   std::vector<std::string> broken;
-  for (const auto& [source, digest] : e.named_heads) {
+  for (const auto& [source, named_digest] : e.named_heads) {
+    const Sha256Digest& digest = named_digest;  // clang before 16 cannot capture a structured binding
     const auto found = std::find_if(digests.begin(), digests.end(), [&](const auto& d) { return d.second == digest; });
     if (found == digests.end()) {
       broken.push_back(concat(source, " names ", digest.hex(), " as the newest signed generation, and no signature or "
