@@ -1,3 +1,5 @@
+#include <exception>
+#include <csignal>
 #include "support/test_support.h"
 
 #include <sys/wait.h>
@@ -98,6 +100,36 @@ PythonRun run_python(const std::string& interpreter, const std::filesystem::path
   const int status = ::pclose(pipe);
   run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+std::string outcome_in_child(const std::function<std::string()>& action, unsigned seconds) {
+  int channel[2];
+  if (::pipe(channel) != 0) return "pipe failed";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(channel[0]);
+    ::alarm(seconds);
+    std::string outcome;
+    try {
+      outcome = action();
+    } catch (const Error& error) {
+      outcome = std::string(error_code_name(error.code()));
+    } catch (const std::exception& error) {
+      outcome = std::string("another exception: ") + error.what();
+    } catch (...) {
+      outcome = "another exception";
+    }
+    (void)!::write(channel[1], outcome.data(), outcome.size());
+    ::_exit(0);
+  }
+  ::close(channel[1]);
+  std::string text;
+  char buffer[256];
+  for (ssize_t n; (n = ::read(channel[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  ::close(channel[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? "hang" : text;
 }
 
 }  // namespace holdpoint::testing

@@ -73,6 +73,16 @@ struct PythonRun {
 PythonRun run_python(const std::string& interpreter, const std::filesystem::path& script,
                      const std::string& arguments = "", const std::filesystem::path& stdin_path = {});
 
+// Runs `action` in a child process stopped by an alarm after `seconds`, so
+// that an open that blocks (a FIFO) fails a test instead of hanging it.
+// Returns what `action` returned, the name of the holdpoint::Error it threw,
+// "another exception: <what>", or "hang".
+std::string outcome_in_child(const std::function<std::string()>& action, unsigned seconds = 10);
+// The same for an action that returns nothing: "no error" when it returns.
+inline std::string error_code_in_child(const std::function<void()>& action, unsigned seconds = 10) {
+  return outcome_in_child([&] { action(); return std::string("no error"); }, seconds);
+}
+
 }  // namespace holdpoint::testing
 
 namespace holdpoint {

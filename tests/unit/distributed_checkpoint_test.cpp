@@ -30,6 +30,7 @@ namespace holdpoint {
 namespace {
 
 using testing::TempDir;
+using testing::error_code_in_child;
 
 std::filesystem::path fixture() { return testing::source_dir() / "tests" / "unit" / "fixtures" / "dcp_two_ranks"; }
 
@@ -184,40 +185,8 @@ TEST(DistributedCheckpoint, RefusesAFolderWithoutMetadata) {
 
 // ---- a name inside the folder never leads out of it (issue 35, point 3) -----------------
 
-// What load_distributed_checkpoint refuses, run in a child that an alarm
-// stops after `seconds`: a FIFO that blocked the open would otherwise hang
-// the test instead of failing it. The error code's name, "hang" or "loaded".
-std::string outcome_in_child(const std::function<void()>& action, unsigned seconds = 10) {
-  int channel[2];
-  if (::pipe(channel) != 0) return "pipe failed";
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(channel[0]);
-    ::alarm(seconds);
-    std::string name = "loaded";
-    try {
-      action();
-    } catch (const Error& error) {
-      name = std::string(error_code_name(error.code()));
-    } catch (...) {
-      name = "another exception";
-    }
-    (void)!::write(channel[1], name.data(), name.size());
-    ::_exit(0);
-  }
-  ::close(channel[1]);
-  std::string text;
-  char buffer[256];
-  for (ssize_t n; (n = ::read(channel[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
-  ::close(channel[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) return "hang";
-  return text;
-}
-
 std::string load_outcome(const std::filesystem::path& folder) {
-  return outcome_in_child([&] { load_distributed_checkpoint(folder); });
+  return error_code_in_child([&] { load_distributed_checkpoint(folder); });
 }
 
 // Each kind of entry an attacker can plant where the folder has a file, at
@@ -252,7 +221,7 @@ TEST(DistributedCheckpoint, RefusesEverythingButARegularFileAtAnItemOrTheMetadat
       EXPECT_EQ(load_outcome(folder), "io_not_regular_file");
       if (name == ".metadata") {
         EXPECT_TRUE(is_distributed_checkpoint(folder)) << "a planted .metadata is refused by name, not skipped";
-        EXPECT_EQ(outcome_in_child([&] { read_distributed_checkpoint_metadata(folder); }), "io_not_regular_file");
+        EXPECT_EQ(error_code_in_child([&] { read_distributed_checkpoint_metadata(folder); }), "io_not_regular_file");
       }
     }
   }
@@ -287,7 +256,7 @@ TEST(DistributedCheckpoint, RefusesAnItemWithoutReadPermission) {
   const auto folder = copy_of_fixture(dir);
   std::filesystem::permissions(folder / "__1_0.distcp", std::filesystem::perms::none);
   std::filesystem::permissions(dir.path(), std::filesystem::perms::all);
-  const std::string outcome = outcome_in_child([&] {
+  const std::string outcome = error_code_in_child([&] {
     if (::geteuid() == 0 && ::setuid(65534) != 0) throw std::runtime_error("setuid");
     load_distributed_checkpoint(folder);
   });

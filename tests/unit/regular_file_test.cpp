@@ -28,6 +28,7 @@ namespace holdpoint {
 namespace {
 
 using testing::TempDir;
+using testing::error_code_in_child;
 
 class RegularFile : public ::testing::Test {
  protected:
@@ -95,66 +96,36 @@ TEST_F(RegularFile, AnAbsentFileGetsTheCallersCode) {
                     ErrorCode::dcp_item_missing);
 }
 
-// The code `action` throws, run in a child an alarm stops after 10 s: a read
-// that blocks is "hang", not a test that never ends.
-std::string code_in_child(const std::function<void()>& action) {
-  int channel[2];
-  if (::pipe(channel) != 0) return "pipe failed";
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(channel[0]);
-    ::alarm(10);
-    std::string name = "no error";
-    try {
-      action();
-    } catch (const Error& error) {
-      name = std::string(error_code_name(error.code()));
-    } catch (...) {
-      name = "another exception";
-    }
-    (void)!::write(channel[1], name.data(), name.size());
-    ::_exit(0);
-  }
-  ::close(channel[1]);
-  std::string text;
-  char buffer[128];
-  for (ssize_t n; (n = ::read(channel[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
-  ::close(channel[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  return WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? "hang" : text;
-}
-
 // Every C++ reader of a file the user names opens it through
 // open_regular_for_reading: a FIFO or device there is refused at once.
 TEST_F(RegularFile, EveryReaderRefusesAFifoOrDeviceAtOnce) {
   for (const std::string name : {"fifo", "device", "link_to_device"}) {
     SCOPED_TRACE(name);
     const auto path = dir_ / name;
-    EXPECT_EQ(code_in_child([&] { load_checkpoint_mapping(path); }), "io_not_regular_file");
-    EXPECT_EQ(code_in_child([&] { scan_checkpoint(path, {}, ScanKeeps::verdict); }), "io_not_regular_file");
-    EXPECT_EQ(code_in_child([&] { scan_checkpoint(path, {}, ScanKeeps::tree); }), "io_not_regular_file");
-    EXPECT_EQ(code_in_child([&] { io::read_snapshot(path, 1 << 20); }), "io_not_regular_file");
-    EXPECT_EQ(code_in_child([&] { VerifyingKey::read_file(path); }), "io_not_regular_file");
+    EXPECT_EQ(error_code_in_child([&] { load_checkpoint_mapping(path); }), "io_not_regular_file");
+    EXPECT_EQ(error_code_in_child([&] { scan_checkpoint(path, {}, ScanKeeps::verdict); }), "io_not_regular_file");
+    EXPECT_EQ(error_code_in_child([&] { scan_checkpoint(path, {}, ScanKeeps::tree); }), "io_not_regular_file");
+    EXPECT_EQ(error_code_in_child([&] { io::read_snapshot(path, 1 << 20); }), "io_not_regular_file");
+    EXPECT_EQ(error_code_in_child([&] { VerifyingKey::read_file(path); }), "io_not_regular_file");
   }
   // Names inside a folder: a run directory's and a DCP folder's.
   const auto directory = io::posix_file_system().open_directory(dir_.path(), false);
-  EXPECT_EQ(code_in_child([&] { directory->read("fifo", 1 << 20); }), "io_not_regular_file");
-  EXPECT_EQ(code_in_child([&] { directory->map("device", 1 << 20); }), "io_not_regular_file");
-  EXPECT_EQ(code_in_child([&] { directory->read("link", 1 << 20); }), "io_not_regular_file");
+  EXPECT_EQ(error_code_in_child([&] { directory->read("fifo", 1 << 20); }), "io_not_regular_file");
+  EXPECT_EQ(error_code_in_child([&] { directory->map("device", 1 << 20); }), "io_not_regular_file");
+  EXPECT_EQ(error_code_in_child([&] { directory->read("link", 1 << 20); }), "io_not_regular_file");
   std::filesystem::create_directory(dir_ / "dcp");
   ASSERT_EQ(::mkfifo((dir_ / "dcp" / ".metadata").c_str(), 0644), 0);
-  EXPECT_EQ(code_in_child([&] { load_distributed_checkpoint(dir_ / "dcp"); }), "io_not_regular_file");
+  EXPECT_EQ(error_code_in_child([&] { load_distributed_checkpoint(dir_ / "dcp"); }), "io_not_regular_file");
 }
 
 // A FIFO planted as the `.sig` a trust policy reads before the file.
 TEST_F(RegularFile, ASignatureThatIsAFifoIsRefusedAtOnce) {
   ASSERT_EQ(::mkfifo((dir_ / "file.sig").c_str(), 0644), 0);
-  EXPECT_EQ(code_in_child([&] { read_signature_file(dir_ / "file"); }), "io_not_regular_file");
+  EXPECT_EQ(error_code_in_child([&] { read_signature_file(dir_ / "file"); }), "io_not_regular_file");
   LoadOptions options;
   options.trust = TrustPolicy{};
-  EXPECT_EQ(code_in_child([&] { load_checkpoint_mapping(dir_ / "file", options); }), "io_not_regular_file");
-  EXPECT_EQ(code_in_child([&] { scan_checkpoint(dir_ / "file", options, ScanKeeps::verdict); }), "io_not_regular_file");
+  EXPECT_EQ(error_code_in_child([&] { load_checkpoint_mapping(dir_ / "file", options); }), "io_not_regular_file");
+  EXPECT_EQ(error_code_in_child([&] { scan_checkpoint(dir_ / "file", options, ScanKeeps::verdict); }), "io_not_regular_file");
 }
 
 }  // namespace

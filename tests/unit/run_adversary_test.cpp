@@ -60,45 +60,6 @@ std::map<std::string, std::string> tree(const fs::path& root) {
   return out;
 }
 
-// Runs `body` in a child process; "timeout" when it has not finished within
-// `seconds` (a blocking open), else what it wrote: the code of the Error it
-// threw or "ok".
-std::string in_child(const std::function<std::string()>& body, int seconds = 20) {
-  int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) return "pipe failed";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(pipe_fds[0]);
-    std::string result;
-    try {
-      result = body();
-    } catch (const Error& error) {
-      result = std::string(error_code_name(error.code()));
-    } catch (const std::exception& error) {
-      result = std::string("exception: ") + error.what();
-    }
-    (void)!::write(pipe_fds[1], result.data(), result.size());
-    ::_exit(0);
-  }
-  ::close(pipe_fds[1]);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      ::close(pipe_fds[0]);
-      return "timeout";
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  std::string out;
-  char buffer[256];
-  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0;) out.append(buffer, static_cast<std::size_t>(n));
-  ::close(pipe_fds[0]);
-  return out;
-}
-
 struct Plant {
   std::string kind;
   std::function<void(const fs::path& at, const fs::path& run, const fs::path& outside)> make;
@@ -210,10 +171,10 @@ TEST_P(RunAdversary, EveryEntryPointReturnsPromptlyAndNothingOutsideIsTouched) {
     };
     for (const auto& [what, body] : entry_points) {
       SCOPED_TRACE(what);
-      const std::string result = in_child(body);
+      const std::string result = testing::outcome_in_child(body, 20);
       EXPECT_NE(result, "timeout");
       EXPECT_NE(result, "99") << "a checkpoint outside the run was loaded as its own";
-      EXPECT_FALSE(result.starts_with("exception")) << result;
+      EXPECT_FALSE(result.starts_with("another exception")) << result;
       EXPECT_EQ(tree(outside), outside_before) << "something outside the run changed";
     }
   }
