@@ -107,6 +107,25 @@ fs::path signed_run(const TempDir& tmp, const Signer& signer) {
   return path;
 }
 
+// A run of steps 1, 2, 3 signed as it goes, and LATEST and LATEST.sig as
+// they were after step 2 (what a rollback puts back).
+struct RunWithOldLatest {
+  fs::path run;
+  std::string old_latest;
+  std::string old_latest_sig;
+};
+
+RunWithOldLatest run_with_old_latest(const TempDir& tmp, const Signer& signer) {
+  RunWithOldLatest out{tmp / "run", {}, {}};
+  RunDirectory live(out.run, signing(signer));
+  live.commit(spec(1, 0.9), writer_for(1));
+  live.commit(spec(2, 0.5), writer_for(2));
+  out.old_latest = read_text(out.run / "LATEST");
+  out.old_latest_sig = read_text(out.run / "LATEST.sig");
+  live.commit(spec(3, 0.7), writer_for(3));
+  return out;
+}
+
 TEST(RunSignatures, CommitSignsEachGenerationThePointersAndTheIndex) {
   TempDir tmp;
   Signer signer;
@@ -264,17 +283,10 @@ TEST(RunSignatures, AGenerationReplacedWithAnotherSignedOneBreaksTheChain) {
 TEST(RunSignatures, ARolledBackLatestIsFoundAndRefusedBeforeAnythingIsRemoved) {
   TempDir tmp;
   Signer signer;
-  const fs::path run = tmp / "run";
-  std::string old_latest;
-  std::string old_latest_sig;
-  {
-    RunDirectory live(run, signing(signer));
-    live.commit(spec(1, 0.9), writer_for(1));
-    live.commit(spec(2, 0.5), writer_for(2));
-    old_latest = read_text(run / "LATEST");
-    old_latest_sig = read_text(run / "LATEST.sig");
-    live.commit(spec(3, 0.7), writer_for(3));
-  }
+  const RunWithOldLatest rolled = run_with_old_latest(tmp, signer);
+  const fs::path& run = rolled.run;
+  const std::string& old_latest = rolled.old_latest;
+  const std::string& old_latest_sig = rolled.old_latest_sig;
   write_text(run / "LATEST", old_latest);
   write_text(run / "LATEST.sig", old_latest_sig);
   EXPECT_EQ(verdict(run, signer.trust()), ErrorCode::signature_rollback);
@@ -288,13 +300,14 @@ TEST(RunSignatures, ARolledBackLatestIsFoundAndRefusedBeforeAnythingIsRemoved) {
   // The pointer's own signature alone put back is a rollback too.
   TempDir tmp2;
   const fs::path run2 = tmp2 / "run";
+  std::string old_index_sig;
   {
     RunDirectory live(run2, signing(signer));
     live.commit(spec(1, 0.9), writer_for(1));
-    old_latest_sig = read_text(run2 / "index.json.sig");
+    old_index_sig = read_text(run2 / "index.json.sig");
     live.commit(spec(2, 0.5), writer_for(2));
   }
-  write_text(run2 / "index.json.sig", old_latest_sig);
+  write_text(run2 / "index.json.sig", old_index_sig);
   EXPECT_NE(verdict(run2, signer.trust()), std::nullopt);
 }
 
@@ -412,17 +425,10 @@ TEST(RunSignatures, TheNewestGenerationDeletedWithItsSignatureIsARollbackAtOpen)
 TEST(RunSignatures, ASignatureDeletedAndLatestPutBackIsRefusedAndTheGenerationKept) {
   TempDir tmp;
   Signer signer;
-  const fs::path run = tmp / "run";
-  std::string old_latest;
-  std::string old_latest_sig;
-  {
-    RunDirectory live(run, signing(signer));
-    live.commit(spec(1, 0.9), writer_for(1));
-    live.commit(spec(2, 0.5), writer_for(2));
-    old_latest = read_text(run / "LATEST");
-    old_latest_sig = read_text(run / "LATEST.sig");
-    live.commit(spec(3, 0.7), writer_for(3));
-  }
+  const RunWithOldLatest rolled = run_with_old_latest(tmp, signer);
+  const fs::path& run = rolled.run;
+  const std::string& old_latest = rolled.old_latest;
+  const std::string& old_latest_sig = rolled.old_latest_sig;
   fs::remove(run / "checkpoints/step-00000003.pt.sig");
   write_text(run / "LATEST", old_latest);
   write_text(run / "LATEST.sig", old_latest_sig);
