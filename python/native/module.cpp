@@ -15,6 +15,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -31,6 +32,8 @@
 #include "holdpoint/format/distributed_checkpoint.h"
 #include "holdpoint/format/scan.h"
 #include "holdpoint/base/signature.h"
+#include "holdpoint/run/dcp_generation.h"
+#include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/run/provenance.h"
 #include "holdpoint/run/run_directory.h"
 #include "holdpoint/verify/checkpoint_diff.h"
@@ -39,6 +42,7 @@
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/schema/resume_profile.h"
 
+#include "base/fail.h"
 #include "format/pt_writer.h"
 #include "format/publish_file.h"
 #include "schema/checkpoint_bytes.h"
@@ -433,6 +437,111 @@ py::object load_dcp_folder(const std::filesystem::path& folder, const py::object
   return to_python.convert(root);
 }
 
+// ---- torch.distributed.checkpoint generations (holdpoint/dcp.py) ---------------------------
+
+py::dict dcp_file_dict(const DcpFile& file) {
+  py::list ranges;
+  for (const DcpRange& range : file.ranges) ranges.append(py::make_tuple(range.offset, range.length, range.sha256.hex()));
+  py::dict out;
+  out["name"] = file.name;
+  out["size"] = file.size;
+  out["ranges"] = ranges;
+  return out;
+}
+
+DcpFile dcp_file_from(const py::handle& record) {
+  const py::dict dict = py::reinterpret_borrow<py::dict>(record);
+  DcpFile file;
+  file.name = dict["name"].cast<std::string>();
+  file.size = dict["size"].cast<std::uint64_t>();
+  for (const py::handle& range : dict["ranges"]) {
+    const py::tuple fields = py::reinterpret_borrow<py::object>(range).cast<py::tuple>();
+    const auto digest = Sha256Digest::from_hex(fields[2].cast<std::string>());
+    if (!digest) fail_argument("a DCP range's sha256 is not 64 hexadecimal digits");
+    file.ranges.push_back({fields[0].cast<std::uint64_t>(), fields[1].cast<std::uint64_t>(), *digest});
+  }
+  return file;
+}
+
+// Publishes one data file of a DCP generation: each item is a bytes-like
+// object (written as it is) or a tensor (written as a PyTorch archive of it).
+py::dict write_dcp_file_py(const std::filesystem::path& folder, const std::string& name, const py::list& items,
+                           bool durable, const py::object& tensor_parts) {
+  FromPython from_python(tensor_parts);
+  std::vector<py::buffer_info> buffers;  // keep the bytes alive while the GIL is released
+  std::vector<Value> archives;
+  buffers.reserve(items.size());
+  archives.reserve(items.size());
+  std::vector<DcpItem> plan;
+  plan.reserve(items.size());
+  for (const py::handle& item : items) {
+    if (PyObject_CheckBuffer(item.ptr()) && !py::hasattr(item, "untyped_storage")) {
+      buffers.push_back(py::reinterpret_borrow<py::buffer>(item).request());
+      const py::buffer_info& info = buffers.back();
+      plan.push_back({{static_cast<const std::byte*>(info.ptr), static_cast<std::size_t>(info.size * info.itemsize)},
+                      nullptr});
+    } else {
+      archives.push_back(from_python.convert(item));
+      plan.push_back({{}, &archives.back()});
+    }
+  }
+  DcpFile file;
+  {
+    py::gil_scoped_release released;
+    file = write_dcp_file(folder, name, plan, {.durable = durable});
+  }
+  return dcp_file_dict(file);
+}
+
+// Reads items of a listed file of a DCP generation, each range checked
+// against its digest, then decoded by the restricted reader: every range is
+// read and checked before any is decoded.
+py::list read_dcp_items(const std::filesystem::path& folder, const py::dict& record, const std::vector<std::size_t>& wanted,
+                        const py::object& limits, const py::object& make_tensor) {
+  const DcpFile file = dcp_file_from(record);
+  const Limits bounds = limits_from(limits);
+  std::vector<LoadedMapping> decoded;
+  {
+    py::gil_scoped_release released;
+    auto ranges = read_dcp_ranges(folder, file, wanted);
+    decoded.reserve(ranges.size());
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      std::shared_ptr<std::vector<std::byte>> bytes = std::move(ranges[i]);
+      try {
+        decoded.push_back(parse_checkpoint_bytes(*bytes, bytes, bounds));
+      } catch (Error& error) {
+        throw error.with_path(detail::concat((folder / file.name).string(), " bytes [", file.ranges[wanted[i]].offset,
+                                             ", +", file.ranges[wanted[i]].length, ")"));
+      }
+    }
+  }
+  ToPython to_python(make_tensor);
+  py::list out;
+  for (const LoadedMapping& mapping : decoded) out.append(to_python.convert(mapping.root));
+  return out;
+}
+
+// The `.metadata` of a DCP generation, checked against its digest, decoded as data.
+py::object read_dcp_metadata(const std::filesystem::path& folder, const py::dict& record, const py::object& limits) {
+  const DcpFile file = dcp_file_from(record);
+  const Limits bounds = limits_from(limits);
+  Value metadata;
+  {
+    py::gil_scoped_release released;
+    if (file.name != ".metadata" || file.ranges.size() != 1) fail_argument("read_dcp_metadata: not the .metadata record");
+    if (file.size > bounds.max_pickle_bytes) {
+      throw Error(ErrorCode::pickle_too_large, detail::concat("the pickle has ", file.size,
+                                                              " bytes, more than max_pickle_bytes ", bounds.max_pickle_bytes))
+          .with_path((folder / file.name).string());
+    }
+    const std::size_t first = 0;
+    const auto ranges = read_dcp_ranges(folder, file, std::span(&first, 1));
+    metadata = decode_distributed_checkpoint_metadata(*ranges[0], folder / file.name, bounds);
+  }
+  ToPython to_python{py::none()};
+  return to_python.convert(metadata);
+}
+
 // What `holdpoint inspect` shows: the tree with tensors as (dtype, shape)
 // and no bytes, the records and the format markers; streams the file.
 py::dict inspect(const std::filesystem::path& path, const py::object& expected_sha256, const py::object& limits,
@@ -778,6 +887,68 @@ class PyRunDirectory {
     return out;
   }
 
+  // DCP generations (holdpoint/dcp.py): the folder the ranks write into.
+  std::filesystem::path prepare_dcp_folder(std::int64_t step) {
+    py::gil_scoped_release released;
+    return run_->prepare_shard_directory(step);
+  }
+  void discard_dcp_folder(std::int64_t step) {
+    py::gil_scoped_release released;
+    run_->discard_shard_directory(step);
+  }
+
+  // Commits a DCP generation whose files are all published: its step
+  // manifest lists them (kind dcp), and LATEST moves to it.
+  py::dict commit_dcp(std::int64_t step, std::int64_t epoch, std::int64_t world_size, const py::list& files,
+                      const py::dict& metrics, const py::dict& spec) {
+    GenerationSpec generation;
+    generation.step = step;
+    generation.epoch = epoch;
+    generation.kind = "dcp";
+    generation.world_size = world_size;
+    for (const auto& [name, value] : metrics) generation.metrics.emplace_back(py::str(name), value.cast<double>());
+    FromPython from_python{py::none()};
+    Manifest manifest = manifest_of(run_spec(spec, from_python));
+    manifest.kind = CheckpointKind::dcp;
+    DcpLayout layout;
+    layout.world_size = world_size;
+    layout.step = step;
+    for (const py::handle& file : files) layout.files.push_back(dcp_file_from(file));
+    std::sort(layout.files.begin(), layout.files.end(),
+              [](const DcpFile& a, const DcpFile& b) { return a.name < b.name; });
+    manifest.dcp = std::move(layout);
+    const Limits limits = run_->options().limits;
+    const std::filesystem::path folder = run_->path() / std::string(kCheckpointsDirectory) / shard_directory_name(step);
+    CommitResult result;
+    {
+      py::gil_scoped_release released;
+      // Read back, the manifest must be the one written (its ranges tile
+      // each file) and every file must be there at its size (each was read
+      // back by the rank that published it).
+      const auto verify = [&](std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) {
+        const Manifest read = Manifest::of_root(parse_checkpoint_bytes(bytes, owner, limits).root);
+        if (read.kind != CheckpointKind::dcp || read.dcp->files.size() != manifest.dcp->files.size()) {
+          throw Error(ErrorCode::schema_field_invalid, "the step manifest read back is not the one written");
+        }
+        auto directory = io::posix_file_system().open_directory(folder, false);
+        for (const DcpFile& file : manifest.dcp->files) {
+          const auto info = directory->stat(file.name);
+          if (!info || info->type != io::FileInfo::Type::regular || info->size != file.size) {
+            throw Error(ErrorCode::run_shards_invalid, detail::concat(shard_directory_name(step), "/", file.name,
+                                                                      " is missing or not of its reported size ",
+                                                                      file.size));
+          }
+        }
+      };
+      result = run_->commit(generation, [&](io::ByteSink& sink) { schema::write_components(sink, manifest, {}); },
+                            verify);
+    }
+    py::dict out = generation_dict(result.generation);
+    out["became_best"] = result.became_best;
+    out["deleted"] = result.deleted;
+    return out;
+  }
+
   // A generation is a holdpoint checkpoint: each top-level entry of the
   // mapping is a component, whose digest the manifest ("holdpoint") records,
   // as the C++ TrainingState writes it (docs/resume-contract.md).
@@ -848,6 +1019,11 @@ PYBIND11_MODULE(_native, m) {
   m.def("sign", &sign_file, py::arg("path"), py::arg("key"), py::arg("previous_sha256"), py::arg("limits"));
   m.def("load_distributed_checkpoint", &load_dcp_folder, py::arg("folder"), py::arg("limits"),
         py::arg("make_tensor"), py::arg("metadata_only"));
+  m.def("write_dcp_file", &write_dcp_file_py, py::arg("folder"), py::arg("name"), py::arg("items"),
+        py::arg("durable"), py::arg("tensor_parts"));
+  m.def("read_dcp_items", &read_dcp_items, py::arg("folder"), py::arg("record"), py::arg("wanted"), py::arg("limits"),
+        py::arg("make_tensor"));
+  m.def("read_dcp_metadata", &read_dcp_metadata, py::arg("folder"), py::arg("record"), py::arg("limits"));
   m.def("is_distributed_checkpoint", [](const std::filesystem::path& folder) { return is_distributed_checkpoint(folder); });
   m.def("inspect", &inspect, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"),
         py::arg("describe_tensor"), py::arg("trust") = py::none());
@@ -887,5 +1063,9 @@ PYBIND11_MODULE(_native, m) {
       .def("verify", &PyRunDirectory::verify)
       .def("sign", &PyRunDirectory::sign, py::arg("key"))
       .def("verify_signatures", &PyRunDirectory::verify_signatures, py::arg("trust"))
-      .def("commit", &PyRunDirectory::commit);
+      .def("commit", &PyRunDirectory::commit)
+      .def("prepare_dcp_folder", &PyRunDirectory::prepare_dcp_folder, py::arg("step"))
+      .def("discard_dcp_folder", &PyRunDirectory::discard_dcp_folder, py::arg("step"))
+      .def("commit_dcp", &PyRunDirectory::commit_dcp, py::arg("step"), py::arg("epoch"), py::arg("world_size"),
+           py::arg("files"), py::arg("metrics"), py::arg("spec"));
 }

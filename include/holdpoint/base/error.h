@@ -177,6 +177,8 @@ namespace holdpoint {
   X(dcp_transform_unsupported, "a DCP item was written through a stream transform (compression, ...) or a format holdpoint does not decode") \
   X(dcp_expanded_bytes_limit, "the DCP items the metadata references, each counted every time it is referenced, and the tensors assembled from chunks exceed Limits::max_distributed_checkpoint_bytes") \
   X(dcp_chunk_corners_limit, "a DCP tensor's chunks have more corners to check than the tiling check's bound (many chunks split along many dimensions)") \
+  X(dcp_range_unlisted, "a DCP item's byte range is not a range that the step manifest of its generation lists and digests") \
+  X(dcp_file_unlisted, "a DCP generation's folder holds a file that its step manifest does not list") \
   /* writers and conversion */                                                                \
   X(write_value_unsupported, "the value cannot be written in the chosen format or mode")      \
   X(write_storage_dtype_conflict, "one storage is referenced with two dtypes")                \

@@ -38,7 +38,11 @@
 // Thread-safety: independent calls may run concurrently.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "holdpoint/format/limits.h"
 #include "holdpoint/format/value.h"
@@ -50,6 +54,25 @@ Value read_distributed_checkpoint_metadata(const std::filesystem::path& folder, 
 
 // The state dict a DCP folder holds, every item read and checked.
 Value load_distributed_checkpoint(const std::filesystem::path& folder, const Limits& limits = {});
+
+// `.metadata` bytes already in memory, decoded as read_distributed_checkpoint_metadata
+// decodes the file (errors name `label`).
+Value decode_distributed_checkpoint_metadata(std::span<const std::byte> bytes, const std::filesystem::path& label,
+                                             const Limits& limits = {});
+
+// Where an item of a DCP folder lies.
+struct DcpItemLocation {
+  std::string fqn;
+  std::string file;  // a name inside the folder
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+// Every item that decoded `.metadata` (`metadata`, read from `label`) places,
+// its storage_data checked as load_distributed_checkpoint checks it
+// (dcp_metadata_invalid, dcp_range_invalid, dcp_transform_unsupported).
+std::vector<DcpItemLocation> distributed_checkpoint_item_locations(const Value& metadata,
+                                                                   const std::filesystem::path& label);
 
 // True when `folder` is a directory with an entry named `.metadata` (of any
 // type: load_distributed_checkpoint refuses one that is not a regular file).

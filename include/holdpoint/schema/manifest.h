@@ -20,6 +20,13 @@
 //   Shard files live beside the step manifest, at
 //   step-<8+ digits>.shards/rank-<5 digits>.pt; names are derived, never read
 //   from the file. Other kinds have no "sharding" field.
+// torch.distributed.checkpoint generations (docs/dcp.md) add a third kind:
+//   kind "dcp"      the step manifest of a generation whose data is a DCP
+//                   folder at step-<8+ digits>.shards/; "dcp" = {world_size,
+//                   step, files: [{name, size, ranges: [[offset, length,
+//                   sha256], ...]}]}, the ranges of each file in order and
+//                   tiling it exactly (one per DCP item; `.metadata` is one
+//                   range). Its "components" are empty.
 // Reading fails closed: a missing field is schema_field_missing, an unknown one
 // schema_field_unknown, a wrong type or value schema_field_invalid, each naming
 // the field; another schema or version is schema_version_unsupported.
@@ -51,7 +58,7 @@ inline constexpr std::int64_t kCheckpointSchemaVersion = 1;
 inline constexpr std::string_view kCheckpointSchema = "holdpoint.checkpoint";
 inline constexpr std::string_view kManifestKey = "holdpoint";
 
-enum class CheckpointKind : std::uint8_t { resume, model, selection, sharded, shard };
+enum class CheckpointKind : std::uint8_t { resume, model, selection, sharded, shard, dcp };
 std::string_view checkpoint_kind_name(CheckpointKind kind) noexcept;
 
 struct ResumeDrift {
@@ -92,6 +99,33 @@ struct Sharding {
   std::vector<ShardRecord> shards;         // kind sharded only: one per rank, by rank
 };
 
+// One item's bytes in a DCP generation's file, and their SHA-256.
+struct DcpRange {
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  Sha256Digest sha256;
+};
+
+struct DcpFile {
+  std::string name;  // inside the generation's folder: ".metadata" or a data file
+  std::uint64_t size = 0;
+  std::vector<DcpRange> ranges;  // by offset, tiling [0, size)
+};
+
+// What the step manifest of a DCP generation lists.
+struct DcpLayout {
+  std::int64_t world_size = 1;
+  std::int64_t step = 0;
+  std::vector<DcpFile> files;  // by name; ".metadata" among them
+
+  const DcpFile* file(std::string_view name) const;
+};
+
+// True for a name a DCP generation's folder may hold: ".metadata" or a
+// plain file name of letters, digits, '_', '-' and '.' that does not start
+// with '.' (no path, no hidden or staging name), at most 255 bytes.
+bool is_dcp_file_name(std::string_view name) noexcept;
+
 struct Manifest {
   CheckpointKind kind = CheckpointKind::resume;
   std::string semantic_identity;
@@ -105,6 +139,7 @@ struct Manifest {
   std::string data_identity;
   std::optional<ResumeDrift> last_resume_drift;
   std::optional<Sharding> sharding;  // exactly for kinds sharded and shard
+  std::optional<DcpLayout> dcp;      // exactly for kind dcp
   // Written as "storage_digest" unless sha256 (the files that predate it).
   StorageDigestKind storage_digest = StorageDigestKind::xxh3_128;
 

@@ -15,7 +15,7 @@ constexpr std::uint64_t kWritebackBytes = std::uint64_t{32} << 20;
 constexpr std::size_t kStablePieceBytes = std::size_t{8} << 20;
 }  // namespace
 
-HashingWriter::HashingWriter(WritableFile& file) : file_(file) {
+HashingWriter::HashingWriter(WritableFile& file, bool ranges) : file_(file), ranges_(ranges) {
   blocks_.assign(kBlockCount, std::vector<std::byte>(kBlockBytes));
   block_busy_.assign(kBlockCount, false);
   hash_thread_ = std::thread([this] { hash_loop(); });
@@ -32,7 +32,11 @@ void HashingWriter::hash_loop() {
     queue_.pop_front();
     hasher_busy_ = true;
     lock.unlock();
-    hasher_.update(piece.data, piece.size);
+    if (piece.block == kRangeEnd) {
+      range_digests_.push_back(hasher_.finish());
+    } else {
+      hasher_.update(piece.data, piece.size);
+    }
     lock.lock();
     hasher_busy_ = false;
     if (piece.block >= 0) block_busy_[static_cast<std::size_t>(piece.block)] = false;
@@ -57,9 +61,12 @@ void HashingWriter::flush_block() {
     std::lock_guard lock(mutex_);
     block_busy_[index] = true;
   }
-  submit({blocks_[index].data(), block_fill_, current_block_});
+  // What end_range() already handed over is hashed before this piece (the
+  // queue is in order), so the block is recycled only after all of it.
+  submit({blocks_[index].data() + block_submitted_, block_fill_ - block_submitted_, current_block_});
   current_block_ = (current_block_ + 1) % kBlockCount;
   block_fill_ = 0;
+  block_submitted_ = 0;
   std::unique_lock lock(mutex_);
   work_done_.wait(lock, [this] { return !block_busy_[static_cast<std::size_t>(current_block_)]; });
 }
@@ -101,8 +108,27 @@ void HashingWriter::write_stable(std::span<const std::byte> bytes) {
   }
 }
 
+void HashingWriter::end_range() {
+  if (!ranges_) detail::fail(ErrorCode::write_state_invalid, "end_range on a writer that digests the whole file");
+  if (finished_) detail::fail(ErrorCode::write_state_invalid, "end_range after finish");
+  if (block_fill_ > block_submitted_) {
+    // The block's memory stays put until the block is flushed and its last
+    // piece hashed; bytes appended meanwhile go after this piece.
+    const auto index = static_cast<std::size_t>(current_block_);
+    submit({blocks_[index].data() + block_submitted_, block_fill_ - block_submitted_, -1});
+    block_submitted_ = block_fill_;
+  }
+  submit({nullptr, 0, kRangeEnd});
+  range_ends_.push_back(position_);
+  range_start_ = position_;
+}
+
 Sha256Digest HashingWriter::finish() {
   if (finished_) detail::fail(ErrorCode::write_state_invalid, "finish after finish");
+  if (ranges_ && position_ != range_start_) {
+    detail::fail(ErrorCode::write_state_invalid, "finish with ", position_ - range_start_,
+                 " bytes after the last end_range");
+  }
   flush_block();
   {
     std::unique_lock lock(mutex_);
@@ -110,7 +136,7 @@ Sha256Digest HashingWriter::finish() {
   }
   stop_hasher();
   finished_ = true;
-  return hasher_.finish();
+  return ranges_ ? Sha256Digest{} : hasher_.finish();
 }
 
 void HashingWriter::stop_hasher() noexcept {

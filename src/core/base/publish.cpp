@@ -88,6 +88,9 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
   }
   PublishResult result;
   try {
+    if (options.small && options.range_digests) {
+      detail::fail(ErrorCode::invalid_argument, "publish: range digests are for streamed files, not small ones");
+    }
     if (options.small) {
       InlineHashingSink writer(*file);
       write(writer);
@@ -95,11 +98,13 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
       result.crc32 = writer.crc32();
       result.size = writer.position();
     } else {
-      HashingWriter writer(*file);
+      HashingWriter writer(*file, options.range_digests);
       write(writer);
       result.sha256 = writer.finish();
       result.crc32 = writer.crc32();
       result.size = writer.position();
+      result.range_digests = writer.range_digests();
+      result.range_ends = writer.range_ends();
     }
     const bool device = options.read_back == ReadBack::device;
     // Read back what the file system now holds: the bytes must be the bytes
@@ -138,7 +143,8 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
       file->close();
       file.reset();
       if (device) directory.drop_cached_pages(staging);
-      Snapshot snapshot = directory.read(staging, options.max_bytes, result.sha256);
+      Snapshot snapshot = directory.read(staging, options.max_bytes,
+                                         options.range_digests ? std::nullopt : std::optional(result.sha256));
       if (verify) verify(snapshot.buffer->bytes(), snapshot.buffer);
     }
     if (options.before_rename) options.before_rename();
@@ -154,6 +160,12 @@ PublishResult publish(Directory& directory, const std::string& target, const Pub
   }
   if (options.durable) directory.sync();
   return result;
+}
+
+void end_range(ByteSink& sink) {
+  auto* writer = dynamic_cast<HashingWriter*>(&sink);
+  if (!writer) detail::fail(ErrorCode::write_state_invalid, "end_range: the sink does not digest ranges");
+  writer->end_range();
 }
 
 PublishResult publish_text(Directory& directory, const std::string& target, std::string_view text,

@@ -31,6 +31,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "holdpoint/base/sha256.h"
 #include "holdpoint/base/byte_sink.h"
@@ -52,6 +53,11 @@ struct PublishOptions {
   // than the hashing they overlap. publish_text sets it.
   bool small = false;
   ReadBack read_back = ReadBack::cached;
+  // Digest consecutive ranges of the file instead of the whole file: `write`
+  // ends each range with end_range(sink), and the result lists one SHA-256
+  // per range (its sha256 stays zero). The verifier then gets the bytes
+  // unhashed and checks them against the ranges itself.
+  bool range_digests = false;
   // The verifier checks every content byte (a zip's record CRC-32s), so the
   // cached read-back need not re-hash.
   bool verifier_checks_content = false;
@@ -65,13 +71,19 @@ struct PublishOptions {
 using PublishVerifier = std::function<void(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner)>;
 
 struct PublishResult {
-  Sha256Digest sha256;
+  Sha256Digest sha256;                      // zero with range_digests
+  std::vector<Sha256Digest> range_digests;  // with range_digests: one per range, in order
+  std::vector<std::uint64_t> range_ends;    // where each of them ends
   std::uint32_t crc32 = 0;  // of the whole file, as written
   std::uint64_t size = 0;
 };
 
 PublishResult publish(Directory& directory, const std::string& target, const PublishOptions& options,
                       const std::function<void(ByteSink&)>& write, const PublishVerifier& verify = {});
+
+// Ends the current range of a sink that publish() handed to `write` under
+// PublishOptions::range_digests (write_state_invalid for any other sink).
+void end_range(ByteSink& sink);
 
 // publish() for a small text (pointer files, sidecars, indexes).
 PublishResult publish_text(Directory& directory, const std::string& target, std::string_view text,

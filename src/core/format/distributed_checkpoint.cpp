@@ -62,12 +62,7 @@ Value read_metadata_at(int folder_fd, const std::filesystem::path& folder, const
         .with_path(metadata_file.string());
   }
   const auto bytes = read_range(file, metadata_file, 0, file.size);
-  NoStorages no_storages;
-  try {
-    return format::read_pickle(*bytes, no_storages, limits, {}, false).root;
-  } catch (Error& error) {
-    throw error.with_path(metadata_file.string());
-  }
+  return decode_distributed_checkpoint_metadata(*bytes, metadata_file, limits);
 }
 
 // Checks of the decoded .metadata, each failure dcp_metadata_invalid naming where.
@@ -507,6 +502,33 @@ void place_value(Value& root, const Value& path, Value value, const std::string&
 }
 
 }  // namespace
+
+Value decode_distributed_checkpoint_metadata(std::span<const std::byte> bytes, const std::filesystem::path& label,
+                                             const Limits& limits) {
+  if (bytes.size() > limits.max_pickle_bytes) {
+    throw Error(ErrorCode::pickle_too_large, detail::concat("the pickle has ", bytes.size(),
+                                                            " bytes, more than max_pickle_bytes ", limits.max_pickle_bytes))
+        .with_path(label.string());
+  }
+  NoStorages no_storages;
+  try {
+    return format::read_pickle(bytes, no_storages, limits, {}, false).root;
+  } catch (Error& error) {
+    throw error.with_path(label.string());
+  }
+}
+
+std::vector<DcpItemLocation> distributed_checkpoint_item_locations(const Value& metadata,
+                                                                   const std::filesystem::path& label) {
+  const MetadataView view(label);
+  const Dict& root = view.record(metadata, "Metadata", "the root");
+  const Value* storage_data = root.find("storage_data");
+  std::vector<DcpItemLocation> out;
+  for (auto& [key, location] : index_storage_data(storage_data ? *storage_data : Value::dict(), view)) {
+    out.push_back({key.substr(0, key.find('\0')), std::move(location.file), location.offset, location.length});
+  }
+  return out;
+}
 
 bool is_distributed_checkpoint(const std::filesystem::path& folder) {
   // Any entry named .metadata, a symlink or a FIFO too: the folder is then

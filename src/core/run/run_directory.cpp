@@ -10,6 +10,7 @@
 #include "format/sidecar.h"
 #include "format/snapshot_parser.h"
 #include "base/fail.h"
+#include "holdpoint/run/dcp_generation.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/schema/manifest.h"
 #include "run/run_directory_impl.h"
@@ -106,6 +107,15 @@ std::int64_t RunDirectory::Impl::verify_content(const GenerationInfo& g, std::sp
                                                 const std::shared_ptr<const void>& owner) const {
   const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, options.limits);
   const Manifest manifest = Manifest::of_root(mapping.root);
+  if (manifest.kind == CheckpointKind::dcp) {
+    require_manifest_only(mapping.root, concat("checkpoints/", g.name));
+    if (manifest.dcp->step != g.step) {
+      fail(ErrorCode::shard_identity_mismatch, "checkpoints/", g.name, " is the step manifest of step ",
+           manifest.dcp->step, ", not of step ", g.step);
+    }
+    verify_dcp_generation(*checkpoints, manifest, options.limits);
+    return manifest.dcp->world_size;
+  }
   if (manifest.kind != CheckpointKind::sharded) return 0;
   require_manifest_only(mapping.root, concat("checkpoints/", g.name));
   if (manifest.sharding->step != g.step) {

@@ -18,6 +18,7 @@ std::string_view checkpoint_kind_name(CheckpointKind kind) noexcept {
     case CheckpointKind::selection: return "selection";
     case CheckpointKind::sharded: return "sharded";
     case CheckpointKind::shard: return "shard";
+    case CheckpointKind::dcp: return "dcp";
   }
   return "unknown";
 }
@@ -166,7 +167,106 @@ Sharding read_sharding(const Value& value, CheckpointKind kind, const std::strin
   return sharding;
 }
 
+// Bounds of a DCP layout: files per generation, ranges per file.
+constexpr std::size_t kMaxDcpFiles = std::size_t{1} << 20;
+constexpr std::size_t kMaxDcpRanges = std::size_t{16} << 20;
+
+std::uint64_t non_negative(const ManifestFields& fields, std::string_view key) {
+  const std::int64_t value = fields.integer(key);
+  if (value < 0) fail(ErrorCode::schema_field_invalid, fields.path_of(key), " is negative");
+  return static_cast<std::uint64_t>(value);
+}
+
+DcpFile read_dcp_file(const Value& value, const std::string& path, std::size_t& ranges_left) {
+  const ManifestFields fields(value, path);
+  fields.check_keys({"name", "size", "ranges"});
+  DcpFile file;
+  file.name = fields.string("name");
+  if (!is_dcp_file_name(file.name)) {
+    fail(ErrorCode::schema_field_invalid, path, ".name '", file.name.substr(0, 64),
+         "' is not a file name a DCP folder holds");
+  }
+  file.size = non_negative(fields, "size");
+  const Value& ranges = fields.get("ranges");
+  if (!ranges.is_list()) fields.invalid("ranges", "a list", ranges);
+  if (ranges.as_list().size() > ranges_left) {
+    fail(ErrorCode::schema_field_invalid, path, ".ranges: more than ", kMaxDcpRanges, " ranges in the generation");
+  }
+  ranges_left -= ranges.as_list().size();
+  std::uint64_t next = 0;
+  for (std::size_t i = 0; i < ranges.as_list().size(); ++i) {
+    const Value& range = ranges.as_list()[i];
+    const std::string where = detail::concat(path, ".ranges[", i, "]");
+    if (!range.is_list() || range.as_list().size() != 3 || !range.as_list()[0].is_int() ||
+        !range.as_list()[1].is_int() || !range.as_list()[2].is_string()) {
+      fail(ErrorCode::schema_field_invalid, where, " is not [offset, length, sha256]");
+    }
+    const std::int64_t offset = range.as_list()[0].as_int();
+    const std::int64_t length = range.as_list()[1].as_int();
+    const auto digest = Sha256Digest::from_hex(range.as_list()[2].as_string());
+    if (!digest) fail(ErrorCode::schema_field_invalid, where, "'s sha256 is not 64 hexadecimal digits");
+    // Ranges tile the file: each starts where the one before it ended.
+    if (offset < 0 || static_cast<std::uint64_t>(offset) != next || length <= 0 ||
+        static_cast<std::uint64_t>(length) > file.size - next) {
+      fail(ErrorCode::schema_field_invalid, where, " is [", offset, ", +", length, "); the next range of ",
+           file.name, " starts at ", next, " and the file has ", file.size, " bytes");
+    }
+    next += static_cast<std::uint64_t>(length);
+    file.ranges.push_back({static_cast<std::uint64_t>(offset), static_cast<std::uint64_t>(length), *digest});
+  }
+  if (next != file.size) {
+    fail(ErrorCode::schema_field_invalid, path, ".ranges cover ", next, " of the ", file.size, " bytes of ", file.name);
+  }
+  return file;
+}
+
+DcpLayout read_dcp_layout(const Value& value, const std::string& path) {
+  const ManifestFields fields(value, path);
+  fields.check_keys({"world_size", "step", "files"});
+  DcpLayout layout;
+  layout.world_size = fields.integer("world_size");
+  layout.step = fields.integer("step");
+  if (layout.world_size < 1 || layout.world_size > kMaxWorldSize) {
+    fail(ErrorCode::schema_field_invalid, path, ".world_size is ", layout.world_size, "; it must be in 1..",
+         kMaxWorldSize);
+  }
+  if (layout.step < 0) fail(ErrorCode::schema_field_invalid, path, ".step is negative");
+  const Value& files = fields.get("files");
+  if (!files.is_list()) fields.invalid("files", "a list", files);
+  if (files.as_list().size() > kMaxDcpFiles) {
+    fail(ErrorCode::schema_field_invalid, path, ".files lists ", files.as_list().size(), " files, more than ",
+         kMaxDcpFiles);
+  }
+  std::size_t ranges_left = kMaxDcpRanges;
+  for (std::size_t i = 0; i < files.as_list().size(); ++i) {
+    DcpFile file = read_dcp_file(files.as_list()[i], detail::concat(path, ".files[", i, "]"), ranges_left);
+    if (!layout.files.empty() && !(layout.files.back().name < file.name)) {
+      fail(ErrorCode::schema_field_invalid, path, ".files[", i, "] '", file.name,
+           "' is out of order or repeated (files are listed by name)");
+    }
+    layout.files.push_back(std::move(file));
+  }
+  if (!layout.file(".metadata")) fail(ErrorCode::schema_field_invalid, path, ".files does not list .metadata");
+  return layout;
+}
+
 }  // namespace
+
+bool is_dcp_file_name(std::string_view name) noexcept {
+  if (name == ".metadata") return true;
+  if (name.empty() || name.size() > 255 || name.front() == '.') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+           c == '.';
+  });
+}
+
+const DcpFile* DcpLayout::file(std::string_view name) const {
+  for (const DcpFile& f : files) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
 
 Value Manifest::to_value() const {
   Dict components_dict;
@@ -239,6 +339,28 @@ Value Manifest::to_value() const {
     }
     out.insert("sharding", Value::dict(std::move(entry)));
   }
+  if (dcp) {
+    Value::List files;
+    for (const DcpFile& file : dcp->files) {
+      Value::List ranges;
+      ranges.reserve(file.ranges.size());
+      for (const DcpRange& range : file.ranges) {
+        ranges.push_back(Value::list({Value::integer(static_cast<std::int64_t>(range.offset)),
+                                      Value::integer(static_cast<std::int64_t>(range.length)),
+                                      Value::string(range.sha256.hex())}));
+      }
+      Dict record;
+      record.insert("name", Value::string(file.name));
+      record.insert("size", Value::integer(static_cast<std::int64_t>(file.size)));
+      record.insert("ranges", Value::list(std::move(ranges)));
+      files.push_back(Value::dict(std::move(record)));
+    }
+    Dict entry;
+    entry.insert("world_size", Value::integer(dcp->world_size));
+    entry.insert("step", Value::integer(dcp->step));
+    entry.insert("files", Value::list(std::move(files)));
+    out.insert("dcp", Value::dict(std::move(entry)));
+  }
   return Value::dict(std::move(out));
 }
 
@@ -260,7 +382,7 @@ Manifest Manifest::from_value(const Value& value) {
     fail(ErrorCode::schema_version_unsupported, kManifestKey, ".schema_version is ", top.integer("schema_version"),
          "; this build reads version ", kCheckpointSchemaVersion);
   }
-  top.check_keys(kTopFields, {"sharding", kStorageDigestField});
+  top.check_keys(kTopFields, {"sharding", "dcp", kStorageDigestField});
 
   Manifest manifest;
   manifest.storage_digest = StorageDigestKind::sha256;
@@ -283,9 +405,11 @@ Manifest Manifest::from_value(const Value& value) {
     manifest.kind = CheckpointKind::sharded;
   } else if (kind == "shard") {
     manifest.kind = CheckpointKind::shard;
+  } else if (kind == "dcp") {
+    manifest.kind = CheckpointKind::dcp;
   } else {
     fail(ErrorCode::schema_field_invalid, kManifestKey, ".kind is '", kind,
-         "', not resume, model, selection, sharded or shard");
+         "', not resume, model, selection, sharded, shard or dcp");
   }
   manifest.semantic_identity = top.string("semantic_identity");
   manifest.profile = top.string("profile");
@@ -352,6 +476,13 @@ Manifest Manifest::from_value(const Value& value) {
          sharded_kind ? ")" : "; only kinds sharded and shard have it");
   }
   if (sharding) manifest.sharding = read_sharding(*sharding, manifest.kind, top.path_of("sharding"));
+  const bool dcp_kind = manifest.kind == CheckpointKind::dcp;
+  const Value* dcp = value.as_dict().find(std::string_view("dcp"));
+  if (dcp_kind != (dcp != nullptr)) {
+    fail(dcp_kind ? ErrorCode::schema_field_missing : ErrorCode::schema_field_unknown, kManifestKey, ".dcp is ",
+         dcp_kind ? "missing (kind dcp)" : "present in a manifest of kind " + kind + "; only kind dcp has it");
+  }
+  if (dcp) manifest.dcp = read_dcp_layout(*dcp, top.path_of("dcp"));
   return manifest;
 }
 
