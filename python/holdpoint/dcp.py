@@ -26,11 +26,13 @@ read and checked all of its items.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import pickle
 import threading
 import uuid
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -51,7 +53,7 @@ from ._errors import Error
 from ._training import plain_spec
 from ._trust import TrustPolicy, native_trust
 
-__all__ = ["StorageWriter", "StorageReader"]
+__all__ = ["StorageWriter", "StorageReader", "close_runs"]
 
 _DCP_VERSION = "1.0.0"  # what stock FileSystemWriter writes in torch 2.13
 
@@ -60,22 +62,57 @@ def _path(path: Any) -> str:
     return os.fspath(path)
 
 
+def _coded(method):
+    """DCP reports a rank's failure as text (a CheckpointException, or an
+    AssertionError naming a failed read_metadata): the code goes into it."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Error as error:
+            if f"[{error.code}]" in str(error):
+                raise
+            raise Error(f"[{error.code}] {error}", error.code, error.path, error.detail) from error
+    return wrapper
+
+
 # ---- the run directories this process coordinates saves into ---------------------------
 
-# One open RunDirectory per run and process: opening recovers and verifies LATEST
-# (every byte of it), which a save should not pay each time. The lock serialises
-# saves of one run from several threads (dcp.async_save's thread variant).
-_runs: dict[tuple[str, Optional[str]], tuple[Any, threading.Lock]] = {}
+# One open RunDirectory per run and process, on the coordinator: opening
+# recovers and verifies LATEST (every byte of it), which a save should not pay
+# each time, and holds the run's lock, so a second writer is refused. The lock
+# beside it serialises saves of one run from several threads (dcp.async_save's
+# thread variant). close_runs() lets go of them.
+_runs: dict[str, tuple[Any, threading.Lock, Optional[str]]] = {}
 _runs_lock = threading.Lock()
 
 
 def _coordinator_run(path: str, signing_key: Optional[str]):
-    key = (os.path.realpath(path), signing_key)
+    key = os.path.realpath(path)
     with _runs_lock:
-        if key not in _runs:
-            _runs[key] = (_native.RunDirectory(path, True, True, None, None, False, None, signing_key),
-                          threading.Lock())
-        return _runs[key]
+        entry = _runs.get(key)
+        if entry is not None and entry[2] != signing_key:
+            # Another key for the same run: the open run signs with the key it
+            # was opened with, so it is closed (once no save uses it) and reopened.
+            with entry[1]:
+                del _runs[key]
+            entry = None
+        if entry is None:
+            entry = (_native.RunDirectory(path, True, True, None, None, False, None, signing_key), threading.Lock(),
+                     signing_key)
+            _runs[key] = entry
+        return entry[0], entry[1]
+
+
+def close_runs() -> None:
+    """Closes the run directories this process opened to commit DCP saves into,
+    releasing their locks (another process, or ``holdpoint.RunDirectory`` in this
+    one, may then open them for writing). The next save opens them again."""
+    with _runs_lock:
+        for _run, lock, _key in list(_runs.values()):
+            with lock:
+                pass
+        _runs.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +183,7 @@ class StorageWriter(_StorageWriterBase):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
 
+    @_coded
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         run, lock = _coordinator_run(self.run, self.signing_key)
         with lock:
@@ -158,6 +196,7 @@ class StorageWriter(_StorageWriterBase):
         return [dataclasses.replace(plan, storage_data=_SavePlanData(f"__{i}_", step, folder))
                 for i, plan in enumerate(plans)]
 
+    @_coded
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         where: _SavePlanData = plan.storage_data
         name = f"{where.prefix}0.distcp"
@@ -176,6 +215,7 @@ class StorageWriter(_StorageWriterBase):
         future.set_result(results)
         return future
 
+    @_coded
     def finish(self, metadata: _md.Metadata, results: list[list[WriteResult]]) -> None:
         run, lock = _coordinator_run(self.run, self.signing_key)
         files: dict[str, dict] = {}
@@ -253,7 +293,12 @@ class StorageReader(_StorageReaderBase):
     - ``process_group``: the group ``dcp.load`` runs on, when not the default one;
       the ranks agree on it that each read and checked its items.
 
-    The run is opened read-only: a load changes nothing on disk.
+    The run is opened read-only: a load changes nothing on disk. As a resume from
+    the run would, ``"latest"`` is the newest generation that verifies: when LATEST's
+    own generation is damaged, the one before it is loaded, with a warning, and
+    ``recovery`` lists what was found (under a trust policy, a signed generation
+    that is gone or damaged is refused instead: ``signature_rollback``).
+    ``loaded`` names the generation read.
     """
 
     def __init__(self, run: Any, *, generation: Any = "latest", trust: Optional[TrustPolicy] = None,
@@ -265,6 +310,7 @@ class StorageReader(_StorageReaderBase):
         self.limits = dict(limits) if limits else None
         self.process_group = process_group
         self.loaded: Optional[dict] = None  # the generation read, after read_metadata()
+        self.recovery: list[str] = []         # what the run's records say is wrong, if anything
         self._folder = ""
         self._files: dict[str, dict] = {}
         self._ranges: dict[tuple[str, int, int], int] = {}
@@ -275,17 +321,15 @@ class StorageReader(_StorageReaderBase):
             self.run = _path(checkpoint_id)
         self._storage_data = {}
 
+    @_coded
     def read_metadata(self) -> _md.Metadata:
-        try:
-            return self._read_metadata()
-        except Error as error:
-            # DCP re-raises a failed read_metadata as its own AssertionError with
-            # this message only: the code goes into the message.
-            raise Error(f"{error.code}: {error}", error.code, error.path, error.detail) from error
-
-    def _read_metadata(self) -> _md.Metadata:
         run = _native.RunDirectory(self.run, False, False, self.limits, None, False, native_trust(self.trust), None)
         generation = _find_generation(run, self.generation)
+        self.recovery = run.recovery()
+        if self.recovery and self.generation == "latest":
+            # As a resume from the run would: the newest generation that verifies.
+            warnings.warn(f"holdpoint.dcp: {self.run}: loading {generation['name']}; the run's records say: " +
+                          "; ".join(self.recovery), stacklevel=3)
         if generation["kind"] != "dcp":
             raise Error(f"{self.run}: {generation['name']} is a generation of kind {generation['kind']}, not a "
                         "torch.distributed.checkpoint one", "checkpoint_kind_mismatch", self.run)
@@ -314,6 +358,7 @@ class StorageReader(_StorageReaderBase):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
+    @_coded
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         # 1. Read and check every item this rank needs, into private memory.
         values: dict[tuple[str, int], Any] = {}
@@ -381,6 +426,11 @@ def _find_generation(run, which: Any) -> dict:
     for generation in run.generations():
         if generation["name"] == which or (isinstance(which, int) and generation["step"] == which):
             return generation
+    wanted = which if isinstance(which, str) else f"step-{which:08d}.pt" if isinstance(which, int) else None
+    for check in run.damaged():
+        if check["name"] == wanted:
+            raise Error(f"{run.path}: {wanted} does not verify: {check['detail']}", check["code"], str(run.path),
+                        check["detail"])
     raise Error(f"{run.path}: the run has no generation {which!r}", "invalid_argument", str(run.path))
 
 

@@ -836,6 +836,8 @@ class PyRunDirectory {
     return g ? py::object(generation_dict(*g)) : py::object(py::none());
   }
   std::filesystem::path file_path(const std::string& name) const { return run_->file_path(find(name)); }
+  // Generations recovery found damaged (moved aside, or that would be): name, code, detail.
+  py::list damaged() const { return checks_list(run_->recovery().damaged); }
   py::list recovery() const {
     py::list out;
     for (const std::string& line : run_->recovery().lines()) out.append(line);
@@ -1059,6 +1061,7 @@ PYBIND11_MODULE(_native, m) {
       .def("best", &PyRunDirectory::best)
       .def("file_path", &PyRunDirectory::file_path)
       .def("recovery", &PyRunDirectory::recovery)
+      .def("damaged", &PyRunDirectory::damaged)
       .def("load", &PyRunDirectory::load)
       .def("verify", &PyRunDirectory::verify)
       .def("sign", &PyRunDirectory::sign, py::arg("key"))

@@ -66,11 +66,15 @@ struct DcpWriteOptions {
 DcpFile write_dcp_file(const std::filesystem::path& folder, const std::string& name, std::span<const DcpItem> items,
                        const DcpWriteOptions& options = {});
 
-// Checks a DCP generation against its step manifest (kind dcp), reading each
-// file once in bounded memory: the folder holds exactly the listed files,
-// each a regular file of its recorded size whose ranges have their recorded
-// digests, and every item `.metadata` places is exactly one listed range.
-void verify_dcp_generation(io::Directory& checkpoints, const Manifest& step_manifest, const Limits& limits);
+// Checks a DCP generation against its step manifest (kind dcp): the folder
+// holds exactly the listed files, each a regular file of its recorded size,
+// `.metadata` has its recorded digest, and every item it places is exactly
+// one listed range. With `hash_data`, every data file is also read once, in
+// bounded memory, and each range checked against its digest; without, that
+// is left to the reads (read_dcp_ranges), so that opening a run does not
+// cost a read of the whole generation on every rank.
+void verify_dcp_generation(io::Directory& checkpoints, const Manifest& step_manifest, const Limits& limits,
+                           bool hash_data = true);
 
 // Reads ranges of the listed file `file` of the DCP folder `folder` into
 // private memory, each checked against its recorded digest before it is

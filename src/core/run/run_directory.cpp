@@ -104,7 +104,7 @@ void RunDirectory::Impl::verify_bytes(std::span<std::byte> bytes, const std::sha
 }
 
 std::int64_t RunDirectory::Impl::verify_content(const GenerationInfo& g, std::span<std::byte> bytes,
-                                                const std::shared_ptr<const void>& owner) const {
+                                                const std::shared_ptr<const void>& owner, bool at_open) const {
   const LoadedMapping mapping = parse_checkpoint_bytes(bytes, owner, options.limits);
   const Manifest manifest = Manifest::of_root(mapping.root);
   if (manifest.kind == CheckpointKind::dcp) {
@@ -113,7 +113,7 @@ std::int64_t RunDirectory::Impl::verify_content(const GenerationInfo& g, std::sp
       fail(ErrorCode::shard_identity_mismatch, "checkpoints/", g.name, " is the step manifest of step ",
            manifest.dcp->step, ", not of step ", g.step);
     }
-    verify_dcp_generation(*checkpoints, manifest, options.limits);
+    verify_dcp_generation(*checkpoints, manifest, options.limits, !at_open);
     return manifest.dcp->world_size;
   }
   if (manifest.kind != CheckpointKind::sharded) return 0;
@@ -146,7 +146,7 @@ GenerationCheck RunDirectory::Impl::check(const GenerationInfo& g, bool unreadab
       fail(ErrorCode::file_changed_during_read, "checkpoints/", g.name, " holds ", snapshot.buffer->size(),
            " bytes; ", g.size, " were recorded");
     }
-    verify_content(g, snapshot.buffer->bytes(), snapshot.buffer);
+    verify_content(g, snapshot.buffer->bytes(), snapshot.buffer, unreadable_throws);
     result.ok = true;
   } catch (const Error& error) {
     if (unreadable_throws && run::unreadable_here(error.code())) {

@@ -88,12 +88,16 @@ struct RunDirectory::Impl {
   void verify_bytes(std::span<std::byte> bytes, const std::shared_ptr<const void>& owner) const;
   // verify_bytes, and for a step manifest every shard it names.
   // Returns the ranks of a sharded generation (0 for a single file).
+  // Recovery (`at_open`) checks a DCP generation's folder without hashing its
+  // data files: each rank that loads it hashes the items it reads, and
+  // verify() hashes every byte (docs/dcp.md, "What is checked when").
   std::int64_t verify_content(const GenerationInfo& g, std::span<std::byte> bytes,
-                              const std::shared_ptr<const void>& owner) const;
+                              const std::shared_ptr<const void>& owner, bool at_open = false) const;
   // Full verification of a recorded generation: sidecar, size, SHA-256,
   // bounded parse, manifest. Failures of the content come back as a failed
   // check; failures to read it at all (I/O, limits, a newer schema) are
   // thrown when `unreadable_throws`, so recovery never falls back over them.
+  // Recovery passes unreadable_throws, and checks as verify_content(at_open).
   GenerationCheck check(const GenerationInfo& g, bool unreadable_throws) const;
   // Removes checkpoints/<name>/ and the files in it (shard directories hold
   // only shard and staging files).

@@ -442,7 +442,7 @@ GenerationCheck RunDirectory::Impl::adopt(GenerationInfo& g) const {
       fail(ErrorCode::sha256_mismatch, "checkpoints/", g.name, " hashes to ", g.sha256.hex(), "; its sidecar says ",
            sidecar_digest->hex());
     }
-    g.world_size = verify_content(g, snapshot.buffer->bytes(), snapshot.buffer);
+    g.world_size = verify_content(g, snapshot.buffer->bytes(), snapshot.buffer, true);
     result.ok = true;
   } catch (const Error& error) {
     if (unreadable_here(error.code())) {
