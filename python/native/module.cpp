@@ -488,7 +488,9 @@ py::dict write_dcp_file_py(const std::filesystem::path& folder, const std::strin
   DcpFile file;
   {
     py::gil_scoped_release released;
-    file = write_dcp_file(folder, name, plan, {.durable = durable});
+    DcpWriteOptions options;
+    options.durable = durable;
+    file = write_dcp_file(folder, name, plan, options);
   }
   return dcp_file_dict(file);
 }
