@@ -8,7 +8,8 @@ Spawned Gloo worlds on this host (the two-host world is test_dcp_hosts.py):
   then one byte of rank 3's file flipped after commit: every rank refuses the load
   and no rank's live state changed;
 - 2 and 3 ranks: the 4-rank generation resharded (the model under FSDP2 and the
-  DTensor); the stock FileSystemReader loads the same folder (no lock-in).
+  DTensor); the stock FileSystemReader loads the same folder (no lock-in);
+  dcp.async_save's process variant saves through StorageWriter and loads back.
 In this process: the generation's records (kind dcp, the step manifest listing
 every file and range), `holdpoint ls` and `verify`, and each refusal with its code:
 a flipped and a truncated .distcp, an edited .metadata, a file added to the folder,
@@ -179,6 +180,19 @@ def _resharded(rank, world, init_file, run, out):
     dcp.load(stock, storage_reader=dcp.FileSystemReader(folder))
     results["stock FileSystemReader"] = _same(_full(stock)["table"], expected["table"]) and \
         stock["extra"] == expected["extra"]
+    # dcp.async_save's process variant: the writer travels to a background process.
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    own = os.path.join(out, f"process-variant-{world}")
+    saved = {"table": _table(mesh), "extra": {"epoch": 9, "note": "process", "lrs": [1.0, 2.0]}}
+    dcp.async_save(saved, storage_writer=holdpoint.dcp.StorageWriter(own, step=30),
+                   async_checkpointer_type=AsyncCheckpointerType.PROCESS).result()
+    dist.barrier()
+    back = {"table": _table(mesh) * 0, "extra": {"epoch": 0, "note": "", "lrs": [0.0, 0.0]}}
+    reader = holdpoint.dcp.StorageReader(own)
+    dcp.load(back, storage_reader=reader)
+    results["async_save, process variant"] = reader.loaded["step"] == 30 and \
+        _same(_full(back)["table"], expected["table"]) and back["extra"] == saved["extra"]
     with open(os.path.join(out, f"world{world}-{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
