@@ -356,6 +356,22 @@ def _single_process_checks(report, tmp, key):
     checks = holdpoint.RunDirectory(signed, recover=False).verify_signatures(trust)
     report.check(all(c["ok"] for c in checks), f"the run's signatures verify: {checks}")
     expect_error(report, "an unsigned generation under trust", "signature_missing", lambda: load(run, trust=trust))
+    # export copies the folders; gc removes them with their manifests.
+    holdpoint.dcp.close_runs()  # the CLI takes the run's lock
+    exported = os.path.join(tmp, "exported")
+    r = harness.cli("export", signed, exported, "--all")
+    report.check(r.returncode == 0, f"holdpoint export --all of a DCP run: {r.describe()}")
+    back = fresh()
+    dcp.load(back, storage_reader=holdpoint.dcp.StorageReader(exported, generation=0, trust=trust))
+    report.check(torch.equal(back["w"], plain["w"]) and back["n"] == 7, "the exported generation loads under trust")
+    report.check(holdpoint.RunDirectory(exported, recover=False).verify("step-00000000.pt")["ok"],
+                 "the exported generation verifies in full")
+    r = harness.cli("gc", run, "--keep", "1")
+    report.check(r.returncode == 0, f"holdpoint gc --keep 1: {r.describe()}")
+    left = sorted(os.listdir(os.path.join(run, "checkpoints")))
+    report.check("step-00000000.shards" not in left and "step-00000000.pt" not in left and
+                 "step-00000001.shards" in left, f"gc removed step 0's manifest and folder: {left}")
+
     sig = os.path.join(signed, "checkpoints", "step-00000001.pt.sig")
     os.remove(sig)
     expect_error(report, "a removed signature under trust", "signature_missing", lambda: load(signed, trust=trust))

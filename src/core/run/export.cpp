@@ -15,6 +15,7 @@
 #include "base/utc_time.h"
 #include "holdpoint/base/file_system.h"
 #include "holdpoint/base/signature.h"
+#include "holdpoint/run/dcp_generation.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint_version.h"
@@ -278,6 +279,59 @@ class Exporter {
     sharded_[g.name] = sharding;
   }
 
+  // Copies the folder of a DCP generation into DEST/checkpoints/step-N.shards/:
+  // every file checked whole in the source against its range digests (the
+  // bytes copied are the bytes checked), each copy's ranges checked again as
+  // read back before its rename; on failure removes what it wrote.
+  void copy_dcp_folder(io::Directory& source_checkpoints, const GenerationInfo& g, const Manifest& manifest,
+                       const Limits& limits) {
+    const DcpLayout& layout = *manifest.dcp;
+    const std::string directory = shard_directory_name(layout.step);
+    verify_dcp_generation(source_checkpoints, manifest, limits, false);
+    const auto source_folder = source_checkpoints.open_subdirectory(directory, false);
+    auto destination_folder = destination_checkpoints_->open_subdirectory(directory, true);
+    const auto check_ranges = [](const DcpFile& file, std::span<const std::byte> bytes, const std::string& label) {
+      if (bytes.size() != file.size) {
+        fail(ErrorCode::shard_size_mismatch,
+             label + " holds " + std::to_string(bytes.size()) + " bytes; the step manifest records " +
+                 std::to_string(file.size));
+      }
+      for (std::size_t i = 0; i < file.ranges.size(); ++i) {
+        const DcpRange& range = file.ranges[i];
+        if (Sha256::of(bytes.subspan(range.offset, range.length)) != range.sha256) {
+          fail(ErrorCode::shard_digest_mismatch, label + ": range " + std::to_string(i) + " at byte " +
+                                                     std::to_string(range.offset) +
+                                                     " differs from the digest the step manifest records");
+        }
+      }
+    };
+    std::uint64_t bytes_copied = 0;
+    try {
+      for (const DcpFile& file : layout.files) {
+        const std::string source_label = run_ + "/checkpoints/" + directory + "/" + file.name;
+        const std::string destination_label = destination_ + "/checkpoints/" + directory + "/" + file.name;
+        const io::Snapshot snapshot = source_folder->read(file.name, limits.max_file_bytes, std::nullopt,
+                                                          progress_for("reading " + source_label));
+        check_ranges(file, snapshot.buffer->bytes(), source_label);
+        publish_copy(*destination_folder, file.name, destination_label, snapshot.buffer->bytes(), limits,
+                     [&](std::span<std::byte> bytes, const std::shared_ptr<const void>&) {
+                       check_ranges(file, bytes, destination_label);
+                     });
+        bytes_copied += file.size;
+      }
+    } catch (const Error&) {
+      destination_folder.reset();
+      remove_destination_shards(directory);
+      throw;
+    }
+    add_check("source_dcp_folder_verifies", g.name,
+              std::to_string(layout.files.size()) + " files in " + directory +
+                  "/: each a regular file of its recorded size, every range's SHA-256 as the step manifest records");
+    add_check("dcp_folder_copied", g.name,
+              std::to_string(bytes_copied) + " bytes published into DEST/checkpoints/" + directory +
+                  "/ before the step manifest, each file's ranges re-checked as read back before its rename");
+  }
+
   // Removes DEST/checkpoints/<directory>/ and the shard files in it, best
   // effort: a crash here leaves a shard directory without a committed
   // manifest, which DEST's recovery removes.
@@ -332,7 +386,9 @@ class Exporter {
     // A sharded generation: its shards first, as a sharded commit publishes them.
     const Manifest manifest = manifest_of(snapshot.buffer->bytes(), snapshot.buffer, limits);
     const bool sharded = manifest.kind == CheckpointKind::sharded;
+    const bool dcp = manifest.kind == CheckpointKind::dcp;
     if (sharded) copy_shards(source_checkpoints, g, manifest, limits);
+    if (dcp) copy_dcp_folder(source_checkpoints, g, manifest, limits);
     io::PublishOptions options;
     options.replace = false;
     options.max_bytes = limits.max_file_bytes;
@@ -344,12 +400,16 @@ class Exporter {
             const Manifest copied = manifest_of(written, owner, limits);
             // The step manifest's shards must verify at DEST before it appears there.
             if (copied.kind == CheckpointKind::sharded) verify_shards(*destination_checkpoints_, copied, limits);
+            if (copied.kind == CheckpointKind::dcp) {
+              verify_dcp_generation(*destination_checkpoints_, copied, limits, false);
+            }
           });
     } catch (const Error&) {
       if (sharded) {
         sharded_.erase(g.name);
         remove_destination_shards(shard_directory_name(manifest.sharding->step));
       }
+      if (dcp) remove_destination_shards(shard_directory_name(manifest.dcp->step));
       throw;
     }
     if (published.sha256 != g.sha256) {
