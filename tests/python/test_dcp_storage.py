@@ -273,6 +273,9 @@ def _single_process_checks(report, tmp, key):
     report.check(ls.returncode == 0 and '"kind":"dcp"' in ls.stdout.replace(" ", ""), f"holdpoint ls: {ls.describe()}")
     verify = harness.cli("verify", run)
     report.check(verify.returncode == 0, f"holdpoint verify RUN: {verify.describe()}")
+    verify = harness.cli("verify", os.path.join(run, "checkpoints", "step-00000001.pt"))
+    report.check(verify.returncode == 0 and "DCP step manifest" in verify.stdout and "6 items verified" in verify.stdout,
+                 f"holdpoint verify STEP_MANIFEST checks its folder: {verify.describe()}")
 
     folder = os.path.join(run, "checkpoints", "step-00000001.shards")
     data_file = os.path.join(folder, "__0_0.distcp")
@@ -293,6 +296,10 @@ def _single_process_checks(report, tmp, key):
     verify = harness.cli("verify", run)
     report.check(verify.returncode != 0 and "shard_digest_mismatch" in verify.stdout + verify.stderr,
                  f"holdpoint verify RUN finds the flipped byte: {verify.describe()}")
+    manifest_file = os.path.join(run, "checkpoints", "step-00000001.pt")
+    verify = harness.cli("verify", manifest_file)
+    report.check(verify.returncode != 0 and "shard_digest_mismatch" in verify.stdout + verify.stderr,
+                 f"holdpoint verify STEP_MANIFEST finds the flipped byte: {verify.describe()}")
     # A truncated file is seen when the run is opened: "latest" is then the newest
     # generation that verifies, as a resume takes it, with a warning.
     with open(data_file, "wb") as f:

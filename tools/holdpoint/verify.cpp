@@ -13,6 +13,8 @@
 #include "holdpoint/format/distributed_checkpoint.h"
 #include "holdpoint/format/scan.h"
 #include "holdpoint/schema/manifest.h"
+#include "holdpoint/run/dcp_generation.h"
+#include "holdpoint/run/run_directory.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "run_directory_output.h"
 
@@ -179,6 +181,49 @@ int verify_sharded(const VerifyArguments& args, const LoadedMapping& mapping, bo
   return kExitOk;
 }
 
+// The step manifest of a torch.distributed.checkpoint generation (docs/dcp.md):
+// the folder beside it holds exactly the listed files at their sizes, every
+// item's bytes have their recorded SHA-256, and every item .metadata places
+// is a listed range. Errors propagate to run_verify's report.
+int verify_dcp(const VerifyArguments& args, const LoadedMapping& mapping, bool digest_checked) {
+  const Manifest manifest = Manifest::of_root(mapping.root);
+  const std::filesystem::path file(args.file);
+  const auto step = parse_generation_name(file.filename().string());
+  if (step && *step != manifest.dcp->step) {
+    throw Error(ErrorCode::shard_identity_mismatch, args.file + " is the step manifest of step " +
+                                                        std::to_string(manifest.dcp->step) + ", not of step " +
+                                                        std::to_string(*step));
+  }
+  const auto directory = io::posix_file_system().open_directory(
+      file.has_parent_path() ? file.parent_path() : std::filesystem::path("."), false);
+  verify_dcp_generation(*directory, manifest, {}, true);
+  std::size_t ranges = 0;
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  for (const DcpFile& f : manifest.dcp->files) {
+    ranges += f.ranges.size();
+    files.push_back({{"name", f.name}, {"size", f.size}, {"ranges", f.ranges.size()}});
+  }
+  if (args.json) {
+    nlohmann::ordered_json report;
+    report["file"] = args.file;
+    report["valid"] = true;
+    report["format"] = std::string(file_format_name(mapping.format));
+    report["sha256"] = mapping.sha256.hex();
+    report["digest_checked"] = digest_checked;
+    report["dcp"] = {{"world_size", manifest.dcp->world_size},
+                     {"step", manifest.dcp->step},
+                     {"folder", shard_directory_name(manifest.dcp->step)},
+                     {"files", std::move(files)}};
+    std::cout << report.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "valid: " << args.file << " (DCP step manifest, world size " << manifest.dcp->world_size << ", step "
+            << manifest.dcp->step << ", sha256 " << mapping.sha256.hex() << (digest_checked ? ", digest matches" : "")
+            << "; " << manifest.dcp->files.size() << " files in " << shard_directory_name(manifest.dcp->step) << "/, "
+            << ranges << " items verified: sizes, SHA-256 of every item, .metadata's items listed)\n";
+  return kExitOk;
+}
+
 int run_verify(const VerifyArguments& args) {
   if (is_run_directory(args.file)) {
     if (!args.sha256.empty() || args.sidecar) {
@@ -252,6 +297,11 @@ int run_verify(const VerifyArguments& args) {
       manifest_options.expected_sha256 = mapping.sha256;
       return verify_sharded(args, load_checkpoint_mapping(args.file, manifest_options),
                             options.expected_sha256.has_value());
+    }
+    if (is_dcp_manifest(mapping)) {
+      LoadOptions manifest_options;
+      manifest_options.expected_sha256 = mapping.sha256;
+      return verify_dcp(args, load_checkpoint_mapping(args.file, manifest_options), options.expected_sha256.has_value());
     }
     report["valid"] = true;
     report["format"] = std::string(file_format_name(mapping.format));

@@ -42,6 +42,7 @@
 
 #include "holdpoint/base/file_system.h"
 #include "holdpoint/format/limits.h"
+#include "holdpoint/format/loaded_mapping.h"
 #include "holdpoint/format/value.h"
 #include "holdpoint/schema/manifest.h"
 
@@ -75,6 +76,10 @@ DcpFile write_dcp_file(const std::filesystem::path& folder, const std::string& n
 // cost a read of the whole generation on every rank.
 void verify_dcp_generation(io::Directory& checkpoints, const Manifest& step_manifest, const Limits& limits,
                            bool hash_data = true);
+
+// True when a parsed file is the step manifest of a DCP generation
+// (root {"holdpoint": manifest of kind dcp}).
+bool is_dcp_manifest(const LoadedMapping& mapping);
 
 // Reads ranges of the listed file `file` of the DCP folder `folder` into
 // private memory, each checked against its recorded digest before it is

@@ -153,6 +153,13 @@ void verify_dcp_generation(io::Directory& checkpoints, const Manifest& step_mani
   }
 }
 
+bool is_dcp_manifest(const LoadedMapping& mapping) {
+  const Value* manifest = find_manifest_entry(mapping.root);
+  if (!manifest || !manifest->is_dict()) return false;
+  const Value* kind = manifest->as_dict().find(std::string_view("kind"));
+  return kind && kind->is_string() && kind->as_string() == "dcp";
+}
+
 std::vector<std::shared_ptr<std::vector<std::byte>>> read_dcp_ranges(const std::filesystem::path& folder,
                                                                      const DcpFile& file,
                                                                      std::span<const std::size_t> wanted) {
