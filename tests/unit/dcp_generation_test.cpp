@@ -6,6 +6,7 @@
 #include "holdpoint/run/dcp_generation.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -353,7 +354,7 @@ TEST(DcpGeneration, FilesTheManifestDoesNotListAreRefused) {
   EXPECT_NO_THROW(g.verify(true));
 }
 
-TEST(DcpGeneration, AListedFileMissingOrReplacedByASymlinkIsRefused) {
+TEST(DcpGeneration, AListedFileMissingOrReplacedByASymlinkOrFifoIsRefused) {
   const Generation g;
   std::filesystem::rename(g.folder / "__0_0.distcp", g.dir / "aside");
   EXPECT_ERROR_CODE(g.verify(false), ErrorCode::run_shards_invalid);
@@ -362,7 +363,19 @@ TEST(DcpGeneration, AListedFileMissingOrReplacedByASymlinkIsRefused) {
   const std::size_t first = 0;
   EXPECT_ERROR_CODE(read_dcp_ranges(g.folder, g.file("__0_0.distcp"), std::span(&first, 1)),
                     ErrorCode::io_not_regular_file);
-  std::filesystem::remove_all(g.folder);
+  // A FIFO in its place is refused without blocking on it.
+  std::filesystem::remove(g.folder / "__0_0.distcp");
+  ASSERT_EQ(::mkfifo((g.folder / "__0_0.distcp").c_str(), 0600), 0);
+  EXPECT_ERROR_CODE(g.verify(false), ErrorCode::io_not_regular_file);
+  EXPECT_ERROR_CODE(read_dcp_ranges(g.folder, g.file("__0_0.distcp"), std::span(&first, 1)),
+                    ErrorCode::io_not_regular_file);
+  // The folder itself a symlink to a copy: never followed.
+  std::filesystem::remove(g.folder / "__0_0.distcp");
+  std::filesystem::rename(g.dir / "aside", g.folder / "__0_0.distcp");
+  std::filesystem::rename(g.folder, g.dir / "folder-elsewhere");
+  std::filesystem::create_directory_symlink(g.dir / "folder-elsewhere", g.folder);
+  EXPECT_ERROR_CODE(g.verify(false), ErrorCode::run_shards_invalid);
+  std::filesystem::remove(g.folder);
   EXPECT_ERROR_CODE(g.verify(false), ErrorCode::run_shards_invalid);
 }
 
