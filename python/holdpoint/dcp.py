@@ -25,15 +25,17 @@ read and checked all of its items.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import io
 import os
 import pickle
 import threading
 import uuid
 import warnings
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -42,6 +44,7 @@ from torch.distributed.checkpoint import metadata as _md
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageReader as _StorageReaderBase
 from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriterBase
 from torch.distributed.checkpoint.storage import WriteResult
@@ -62,13 +65,33 @@ def _path(path: Any) -> str:
     return os.fspath(path)
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector stays off while a step converts every
+    item of a save or load (tens of thousands of records and tensors, all kept
+    alive): each full collection scans the whole heap, which then holds the
+    state and DCP's plans, and at 20,000 tensors the collections took more time
+    than the conversions. Nothing made here forms a cycle; reference counting
+    frees as always, and only cycles (from any thread) wait for the step to end."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
 def _coded(method):
     """DCP reports a rank's failure as text (a CheckpointException, or an
-    AssertionError naming a failed read_metadata): the code goes into it."""
+    AssertionError naming a failed read_metadata): the code goes into it.
+    The step runs with the cyclic collector paused (_collector_paused)."""
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
         try:
-            return method(*args, **kwargs)
+            with _collector_paused():
+                return method(*args, **kwargs)
         except Error as error:
             if f"[{error.code}]" in str(error):
                 raise
@@ -123,17 +146,20 @@ class _SavePlanData:
     folder: str
 
 
-@dataclasses.dataclass(frozen=True)
-class _ItemRecord:
-    """A written item, as it travels to the coordinator in its WriteResult."""
+class _ItemRecord(NamedTuple):
+    """A written item, as it travels to the coordinator in its WriteResult. DCP
+    pickles every rank's results into one message to the coordinator, so this is
+    a tuple holding the digest's 32 bytes, not a dataclass with 64 hexadecimal
+    digits: a WriteResult pickles to about 111 bytes instead of 156 (stock DCP's:
+    80), the digest being nearly all that holdpoint adds."""
     relative_path: str
     offset: int
     length: int
-    sha256: str
+    sha256: bytes
     file_size: int
 
 
-class StorageWriter(_StorageWriterBase):
+class StorageWriter(_StorageWriterBase, BlockingAsyncStager):
     """Writes ``dcp.save`` / ``dcp.async_save`` into the holdpoint run directory ``run``.
 
     - ``step``: the generation's step; by default the one after LATEST's (0 for a
@@ -148,11 +174,16 @@ class StorageWriter(_StorageWriterBase):
     None, bool, int, float, str, bytes, lists, tuples, dicts, tensors); anything else
     is refused at save with ``write_value_unsupported`` naming its key, because the
     restricted reader could never load it back.
+
+    ``dcp.async_save`` copies the state as it does for stock ``FileSystemWriter``
+    (``BlockingAsyncStager``: a CPU copy, made before ``async_save`` returns);
+    DCP's own default stager takes three to four times as long over 20,000 tensors.
     """
 
     def __init__(self, run: Any, *, step: Optional[int] = None, signing_key: Any = None, epoch: int = 0,
                  metrics: Optional[dict] = None, semantic_identity: str = "python-dcp", durable: bool = True) -> None:
-        super().__init__()
+        _StorageWriterBase.__init__(self)
+        BlockingAsyncStager.__init__(self)
         self.run = _path(run)
         self.step = step
         self.signing_key = _path(signing_key) if signing_key is not None else None
@@ -208,9 +239,10 @@ class StorageWriter(_StorageWriterBase):
         if ordered:
             record = _native.write_dcp_file(where.folder, name, data, self.durable, tensor_parts)
             _check_values_readable(where.folder, record, ordered)
+            size = record["size"]
             for item, (offset, length, sha256) in zip(ordered, record["ranges"]):
                 results.append(WriteResult(index=item.index, size_in_bytes=length,
-                                           storage_data=_ItemRecord(name, offset, length, sha256, record["size"])))
+                                           storage_data=_ItemRecord(name, offset, length, bytes.fromhex(sha256), size)))
         future: Future = Future()
         future.set_result(results)
         return future
@@ -226,7 +258,7 @@ class StorageWriter(_StorageWriterBase):
                 storage_data[result.index] = _StorageInfo(item.relative_path, item.offset, item.length)
                 record = files.setdefault(item.relative_path,
                                           {"name": item.relative_path, "size": item.file_size, "ranges": []})
-                record["ranges"].append((item.offset, item.length, item.sha256))
+                record["ranges"].append((item.offset, item.length, item.sha256.hex()))
         for record in files.values():
             record["ranges"].sort()
         if self._planned is None:
