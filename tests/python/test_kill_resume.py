@@ -29,11 +29,17 @@ import harness
 TRAINER = os.path.join(harness.BUILD_DIR, "tests", "tools", "train_run")
 STEPS = 160
 COMMON = ["--steps", str(STEPS), "--every", "2", "--width", "2048", "--keep-last", "3"]
+PACE_MS = 40
+SIGNAL_AFTER_S = 0.5
 KILLS = int(os.environ.get("HOLDPOINT_KILL_CYCLES", "300" if os.environ.get("HOLDPOINT_LARGE_TESTS") == "1" else "32"))
 
 
-def start(run_dir, asynchronous):
+def start(run_dir, asynchronous, paced=False):
     args = [TRAINER, "--run", run_dir] + COMMON + (["--async"] if asynchronous else [])
+    if paced:
+        # At least 40 ms a step (6.4 s a run) however fast or loaded the
+        # machine: a signal sent half a second in always lands mid-run.
+        args += ["--sleep-ms", str(PACE_MS)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -124,9 +130,9 @@ def main():
 
         # Preemption: one SIGTERM saves at the next step boundary and exits 75.
         run_dir = os.path.join(work, "preempted")
-        process = start(run_dir, asynchronous=True)
+        process = start(run_dir, asynchronous=True, paced=True)
         report.check(wait_for_line(process, "fresh") is not None, "preempted run did not start")
-        time.sleep(duration * 0.3)
+        time.sleep(SIGNAL_AFTER_S)
         process.send_signal(signal.SIGTERM)
         code, out, err = finish(process)
         report.check(code == 75, f"SIGTERM: exit {code} (want 75): {err[-300:]}")
@@ -141,9 +147,9 @@ def main():
 
         # A second signal aborts at once (exit 76); nothing is corrupted.
         run_dir = os.path.join(work, "aborted")
-        process = start(run_dir, asynchronous=False)
+        process = start(run_dir, asynchronous=False, paced=True)
         report.check(wait_for_line(process, "fresh") is not None, "aborted run did not start")
-        time.sleep(duration * 0.3)
+        time.sleep(SIGNAL_AFTER_S)
         # Two different signals: two identical standard signals sent back to
         # back may be merged into one by the kernel before delivery.
         process.send_signal(signal.SIGTERM)
