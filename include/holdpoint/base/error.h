@@ -240,6 +240,10 @@ namespace holdpoint {
   X(distributed_ranks_disagree, "the ranks of a collective save disagree on the step, configuration identity, profile, semantic identity or component names") \
   X(distributed_world_size_changed, "the checkpoint was saved by another number of ranks; only an unqualified resume that allows it may change the world size") \
   X(distributed_cursor_uneven, "the saved ranks' sampler cursors differ, so the global position cannot be reassigned to a new world size") \
+  /* joining a world from torchrun's environment (holdpoint/dist/launch.h) */                 \
+  X(launch_variable_missing, "a variable the launcher must set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) is not set") \
+  X(launch_variable_invalid, "a launcher variable is not a number in its range, a port or a boolean") \
+  X(launch_variables_contradict, "the launcher's variables contradict each other (RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, ...)") \
   /* resume verification (verify layer) */                                                    \
   X(resume_output_exists, "the verification's output directory already exists")               \
   X(resume_trainer_unavailable, "the trainer program does not exist or is not executable")    \

@@ -29,7 +29,8 @@ namespace holdpoint {
 struct GlooGroupOptions {
   // How the rank's Gloo device is found: by the address a host name
   // resolves to (the default: loopback, for ranks on one machine), by a
-  // network interface when `interface` is set, or Gloo's own default device
+  // network interface when `interface` is set (a comma-separated list: one
+  // device each, as GLOO_SOCKET_IFNAME), or Gloo's own default device
   // when both are empty.
   std::string hostname = "127.0.0.1";
   std::string interface;

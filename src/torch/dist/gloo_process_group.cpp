@@ -6,13 +6,24 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/version.h>
 
+#include <algorithm>
+
 namespace holdpoint {
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                                int world_size, const GlooGroupOptions& options) {
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   if (!options.interface.empty()) {
-    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+    // One device per interface of a comma-separated list (GLOO_SOCKET_IFNAME's form).
+    std::size_t begin = 0;
+    while (begin <= options.interface.size()) {
+      const std::size_t end = std::min(options.interface.find(',', begin), options.interface.size());
+      if (end > begin) {
+        gloo_options->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForInterface(options.interface.substr(begin, end - begin)));
+      }
+      begin = end + 1;
+    }
   } else if (!options.hostname.empty()) {
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
   } else {
