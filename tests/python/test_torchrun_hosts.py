@@ -52,6 +52,7 @@ DEADLINE_S = 1200
 RDZV_PORT = 29600
 WAIT_S = 120                 # a world's start, or a restart, on a loaded 2-core machine
 TIMEOUT_MS = 15000           # the example's store and collective timeout
+HOLD_MS = 3000               # how long every rank waits inside the save the link is cut in
 
 
 class EventLog:
@@ -229,11 +230,21 @@ def current_ranks(world, since):
     return pids
 
 
+def process_state(pid):
+    """The state letter of /proc/PID/stat, None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def all_gone(pids, timeout):
-    """True once none of `pids` runs (bounded)."""
+    """True once none of `pids` runs (bounded); a zombie has exited (its
+    agent has not reaped it yet)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
+        if all(process_state(pid) in (None, "Z") for pid in pids):
             return True
         time.sleep(0.05)
     return False
@@ -312,7 +323,7 @@ def kills_and_link(report, hosts, root, reference, deadline):
     world.stop()
     hold = latest_saved + 6
     world = TwoHostWorld(hosts, work, "link", example_args(run, events, STEPS, common + [
-        "--hold-save", f"{hold}:{TIMEOUT_MS + 5000}"]), deadline)
+        "--hold-save", f"{hold}:{HOLD_MS}"]), deadline)
     started = time.time()
     world.start()
     holding = world.wait_for(lambda e: len(world.events.matching("holding", since=started, step=hold)) == 4,
@@ -322,10 +333,12 @@ def kills_and_link(report, hosts, root, reference, deadline):
         hosts.set_link(1, up=False)
         cut = time.time()
         # Down until every rank of that world has failed (the hold, then the
-        # commit's collective timing out), so the save cannot complete late.
-        gone = all_gone(pids, timeout=(2 * TIMEOUT_MS + 5000) / 1000 + 60)
+        # commit's collective timing out), so the save cannot complete late;
+        # back before torchrun's agents give up on their own store (60 s).
+        gone = all_gone(pids, timeout=(HOLD_MS + TIMEOUT_MS) / 1000 + 20)
         hosts.set_link(1, up=True)
-        report.check(gone, f"link: every rank of the cut-off world exits\n{world.tail()}")
+        left = [f"{pid}: {process_state(pid)}" for pid in pids]
+        report.check(gone, f"link: every rank of the cut-off world exits (left: {left})\n{world.tail()}")
         for host in (0, 1):
             if world.agents[host].poll() is not None:
                 world.start_agent(host)  # an agent whose rendezvous gave up while cut off
