@@ -508,9 +508,8 @@ py::list read_dcp_items(const std::filesystem::path& folder, const py::dict& rec
     auto ranges = read_dcp_ranges(folder, file, wanted);
     decoded.reserve(ranges.size());
     for (std::size_t i = 0; i < ranges.size(); ++i) {
-      std::shared_ptr<std::vector<std::byte>> bytes = std::move(ranges[i]);
       try {
-        decoded.push_back(parse_checkpoint_bytes(*bytes, bytes, bounds));
+        decoded.push_back(parse_checkpoint_bytes(ranges[i].bytes, ranges[i].owner, bounds));
       } catch (Error& error) {
         throw error.with_path(detail::concat((folder / file.name).string(), " bytes [", file.ranges[wanted[i]].offset,
                                              ", +", file.ranges[wanted[i]].length, ")"));
@@ -538,7 +537,7 @@ py::object read_dcp_metadata(const std::filesystem::path& folder, const py::dict
     }
     const std::size_t first = 0;
     const auto ranges = read_dcp_ranges(folder, file, std::span(&first, 1));
-    metadata = decode_distributed_checkpoint_metadata(*ranges[0], folder / file.name, bounds);
+    metadata = decode_distributed_checkpoint_metadata(ranges[0].bytes, folder / file.name, bounds);
   }
   ToPython to_python{py::none()};
   return to_python.convert(metadata);

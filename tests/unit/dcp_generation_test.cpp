@@ -166,7 +166,7 @@ TEST(DcpFileWriter, TensorItemsAreArchivesTheReaderOpensAndRangesTileTheFile) {
   EXPECT_EQ(file.ranges[0].sha256, Sha256::of(std::span(bytes).first(raw.size())));
   const std::size_t wanted = 1;
   auto ranges = read_dcp_ranges(dir.path(), file, std::span(&wanted, 1));
-  const LoadedMapping archive = parse_checkpoint_bytes(*ranges[0], ranges[0]);
+  const LoadedMapping archive = parse_checkpoint_bytes(ranges[0].bytes, ranges[0].owner);
   ASSERT_TRUE(archive.root.is_tensor());
   EXPECT_EQ(archive.root.as_tensor().sizes, (std::vector<std::int64_t>{10, 100}));
   EXPECT_EQ(archive.root.as_tensor().contiguous_bytes(), std::vector<std::byte>(std::as_bytes(std::span(values)).begin(),

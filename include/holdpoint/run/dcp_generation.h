@@ -81,11 +81,19 @@ void verify_dcp_generation(io::Directory& checkpoints, const Manifest& step_mani
 // (root {"holdpoint": manifest of kind dcp}).
 bool is_dcp_manifest(const LoadedMapping& mapping);
 
+// One range read by read_dcp_ranges: its bytes, in a buffer that `owner`
+// keeps alive (every range of one call shares one buffer).
+struct DcpRangeBytes {
+  std::span<std::byte> bytes;
+  std::shared_ptr<const void> owner;
+};
+
 // Reads ranges of the listed file `file` of the DCP folder `folder` into
 // private memory, each checked against its recorded digest before it is
-// returned. `wanted` holds indexes into file.ranges.
-std::vector<std::shared_ptr<std::vector<std::byte>>> read_dcp_ranges(const std::filesystem::path& folder,
-                                                                     const DcpFile& file,
-                                                                     std::span<const std::size_t> wanted);
+// returned. `wanted` holds indexes into file.ranges. The ranges go into one
+// io::Buffer (huge pages where the kernel has free ones: filling fresh small
+// pages cost more than the SHA-256 here), in the order given.
+std::vector<DcpRangeBytes> read_dcp_ranges(const std::filesystem::path& folder, const DcpFile& file,
+                                           std::span<const std::size_t> wanted);
 
 }  // namespace holdpoint

@@ -11,6 +11,7 @@
 #include "base/regular_file.h"
 #include "format/pt_writer.h"
 #include "holdpoint/base/sha256.h"
+#include "holdpoint/base/snapshot.h"
 #include "holdpoint/format/distributed_checkpoint.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 
@@ -160,25 +161,34 @@ bool is_dcp_manifest(const LoadedMapping& mapping) {
   return kind && kind->is_string() && kind->as_string() == "dcp";
 }
 
-std::vector<std::shared_ptr<std::vector<std::byte>>> read_dcp_ranges(const std::filesystem::path& folder,
-                                                                     const DcpFile& file,
-                                                                     std::span<const std::size_t> wanted) {
+std::vector<DcpRangeBytes> read_dcp_ranges(const std::filesystem::path& folder, const DcpFile& file,
+                                           std::span<const std::size_t> wanted) {
   const io::FileDescriptor folder_fd = io::open_directory_for_reading(folder, ErrorCode::run_shards_invalid);
   const io::RegularFile opened = open_listed(folder_fd.get(), folder, file);
-  std::vector<std::shared_ptr<std::vector<std::byte>>> out;
-  out.reserve(wanted.size());
+  std::uint64_t total = 0;
   for (const std::size_t index : wanted) {
     if (index >= file.ranges.size()) {
       fail(ErrorCode::invalid_argument, "read_dcp_ranges: ", file.name, " has ", file.ranges.size(),
            " ranges, not ", index + 1);
     }
+    total += file.ranges[index].length;  // each length is at most the file's recorded size
+  }
+  const std::shared_ptr<io::Buffer> buffer = io::Buffer::allocate(static_cast<std::size_t>(total));
+  std::vector<DcpRangeBytes> out;
+  out.reserve(wanted.size());
+  std::size_t at = 0;
+  for (const std::size_t index : wanted) {
     const DcpRange& range = file.ranges[index];
-    auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(range.length));
-    if (io::pread_fully(opened.fd.get(), bytes->data(), bytes->size(), range.offset) != bytes->size()) {
+    const auto length = static_cast<std::size_t>(range.length);
+    buffer->populate(at, length);
+    std::byte* destination = buffer->data() + at;
+    if (io::pread_fully(opened.fd.get(), destination, length, range.offset) != length) {
       fail(ErrorCode::file_changed_during_read, (folder / file.name).string(), " shrank while it was read");
     }
-    if (Sha256::of(*bytes) != range.sha256) digest_mismatch(folder / file.name, range, index);
-    out.push_back(std::move(bytes));
+    const std::span<std::byte> bytes(destination, length);
+    if (Sha256::of(bytes) != range.sha256) digest_mismatch(folder / file.name, range, index);
+    out.push_back({bytes, buffer});
+    at += length;
   }
   return out;
 }
