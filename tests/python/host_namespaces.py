@@ -135,3 +135,24 @@ class TwoHosts:
     def kill_host(self, host):
         """SIGKILL to every process of the host; True once none is left."""
         return _kill_all_in(self.names[host])
+
+
+def process_state(pid):
+    """The state letter of /proc/PID/stat; None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def all_gone(pids, timeout=60):
+    """True once none of `pids` runs (bounded). A zombie has exited: its parent
+    (a torchrun agent busy in a rendezvous) may reap it much later."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(process_state(pid) in (None, "Z") for pid in pids):
+            return True
+        time.sleep(0.02)
+    return False
+

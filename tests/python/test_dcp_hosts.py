@@ -57,7 +57,7 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import harness  # noqa: E402
-from host_namespaces import NamespaceError, TwoHosts  # noqa: E402
+from host_namespaces import NamespaceError, TwoHosts, all_gone  # noqa: E402
 
 sys.path.insert(0, os.path.join(harness.BUILD_DIR, "python"))
 import torch  # noqa: E402
@@ -189,16 +189,6 @@ class World:
                     text = [line for line in f.read().splitlines() if "hostname of the client" not in line]
                 out.append(f"--- agent {host}:\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
-
-
-def all_gone(pids, timeout=60):
-    """True once none of `pids` runs (bounded)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def open_gate(work, fault_id):

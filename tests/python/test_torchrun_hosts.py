@@ -42,7 +42,7 @@ import tempfile
 import time
 
 import harness
-from host_namespaces import NamespaceError, TwoHosts
+from host_namespaces import NamespaceError, TwoHosts, all_gone, process_state
 
 TRAINER = os.path.join(harness.BUILD_DIR, "examples", "torchrun", "train")
 KILLS = int(os.environ.get("HOLDPOINT_TORCHRUN_KILLS", "20"))
@@ -228,26 +228,6 @@ def current_ranks(world, since):
     for e in world.events.matching("start", since=since):
         pids[e["rank"]] = e["pid"]
     return pids
-
-
-def process_state(pid):
-    """The state letter of /proc/PID/stat, None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def all_gone(pids, timeout):
-    """True once none of `pids` runs (bounded); a zombie has exited (its
-    agent has not reaped it yet)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if all(process_state(pid) in (None, "Z") for pid in pids):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def resumed_after(world, since):
