@@ -19,6 +19,7 @@ why, and the test fails with it.
 """
 
 import atexit
+import json
 import os
 import signal
 import subprocess
@@ -155,4 +156,28 @@ def all_gone(pids, timeout=60):
             return True
         time.sleep(0.02)
     return False
+
+
+class EventLog:
+    """A JSON-lines file that the ranks of several hosts append to, read as it grows."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.partial, self.events = path, 0, b"", []
+
+    def poll(self):
+        """Reads what was appended since the last poll; returns every event so far."""
+        if not os.path.exists(self.path):
+            return self.events
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        self.events.extend(json.loads(line) for line in lines if line.strip())
+        return self.events
+
+    def matching(self, event, since=0.0, **fields):
+        return [e for e in self.poll() if e["event"] == event and e["t"] >= since and
+                all(e.get(k) == v for k, v in fields.items())]
 

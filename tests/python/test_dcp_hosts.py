@@ -57,7 +57,7 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import harness  # noqa: E402
-from host_namespaces import NamespaceError, TwoHosts, all_gone  # noqa: E402
+from host_namespaces import EventLog, NamespaceError, TwoHosts, all_gone  # noqa: E402
 
 sys.path.insert(0, os.path.join(harness.BUILD_DIR, "python"))
 import torch  # noqa: E402
@@ -80,29 +80,6 @@ TMPFS_SIZE = "48m"
 
 
 # ---- following a world ----------------------------------------------------------------------
-
-class EventLog:
-    """The ranks' WORK/events.jsonl, read as it grows."""
-
-    def __init__(self, path):
-        self.path, self.offset, self.partial, self.events = path, 0, b"", []
-
-    def poll(self):
-        if not os.path.exists(self.path):
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        self.events.extend(json.loads(line) for line in lines if line.strip())
-
-    def matching(self, event, since=0.0, **fields):
-        self.poll()
-        return [e for e in self.events if e["event"] == event and e["t"] >= since and
-                all(e.get(k) == v for k, v in fields.items())]
-
 
 class World:
     """The two torchrun agents of one run, and its events."""

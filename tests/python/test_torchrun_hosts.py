@@ -31,7 +31,6 @@ the kills; the random choices come from HOLDPOINT_TORCHRUN_SEED (printed).
 Needs root for the namespaces: without it the test fails, saying why.
 """
 
-import json
 import os
 import random
 import shutil
@@ -42,7 +41,7 @@ import tempfile
 import time
 
 import harness
-from host_namespaces import NamespaceError, TwoHosts, all_gone, process_state
+from host_namespaces import EventLog, NamespaceError, TwoHosts, all_gone, process_state
 
 TRAINER = os.path.join(harness.BUILD_DIR, "examples", "torchrun", "train")
 KILLS = int(os.environ.get("HOLDPOINT_TORCHRUN_KILLS", "20"))
@@ -53,29 +52,6 @@ RDZV_PORT = 29600
 WAIT_S = 120                 # a world's start, or a restart, on a loaded 2-core machine
 TIMEOUT_MS = 15000           # the example's store and collective timeout
 HOLD_MS = 3000               # how long every rank waits inside the save the link is cut in
-
-
-class EventLog:
-    """The ranks' events.jsonl, read as it grows."""
-
-    def __init__(self, path):
-        self.path, self.offset, self.partial, self.events = path, 0, b"", []
-
-    def poll(self):
-        if not os.path.exists(self.path):
-            return self.events
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        self.events.extend(json.loads(line) for line in lines if line.strip())
-        return self.events
-
-    def matching(self, event, since=0.0, **fields):
-        return [e for e in self.poll() if e["event"] == event and e["t"] >= since and
-                all(e.get(k) == v for k, v in fields.items())]
 
 
 def torchrun(nnodes, nproc, run_id, endpoint, max_restarts, host_address=None, is_host=None):
