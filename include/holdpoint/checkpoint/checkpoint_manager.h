@@ -53,6 +53,12 @@ struct CheckpointManagerOptions {
   bool asynchronous = false;
   bool torch_1_13_compatible = false;
   unsigned copy_threads = 0;  // staging copy threads; 0: one per hardware thread (at most 8)
+  // How resume() holds LATEST while it checks it (ResumeMemory in
+  // holdpoint/checkpoint/training_state.h): in place, LATEST is verified
+  // against the run index's digest in a first pass and its large tensors
+  // copied straight into live memory in a second.
+  ResumeMemory resume_memory = ResumeMemory::automatic;
+  std::filesystem::path journal_directory;  // CheckpointLoadOptions::journal_directory
 };
 
 struct SaveStats {

@@ -78,8 +78,38 @@ struct CheckpointSaveOptions {
   bool torch_1_13_compatible = false;
 };
 
+// How a resume holds the file while it checks it (docs/resume-contract.md,
+// "Resuming in place").
+enum class ResumeMemory : std::uint8_t {
+  // in_place for files of kInPlaceResumeBytes or more when the model is on
+  // the CPU, private_copy otherwise.
+  automatic,
+  // The whole file is read into private memory, checked, and applied from
+  // there: fastest for small files; needs memory for the whole file on top of
+  // the live state.
+  private_copy,
+  // Two passes over the file: the first verifies it (SHA-256, structure,
+  // every check) keeping only its small records; the second copies each large
+  // tensor straight into the live tensor's memory (or into memory the
+  // component adopts), checking every byte against a tag the first pass took.
+  // Extra memory: 64 MiB of small records plus metadata, whatever the file's
+  // size. The live bytes written over go to a journal file first, so that a
+  // failure still leaves the live state as it was.
+  in_place,
+};
+
+// Files at least this large resume in place under ResumeMemory::automatic
+// (measured: bench/RESULTS.md, "Resume in place").
+inline constexpr std::uint64_t kInPlaceResumeBytes = std::uint64_t{256} << 20;
+
 struct CheckpointLoadOptions {
   Limits limits;
+  ResumeMemory memory = ResumeMemory::automatic;
+  // Where a resume in place keeps its journal of the live bytes it writes
+  // over (an unnamed file, gone when the resume returns). Empty: the
+  // checkpoint's own folder. Needs room for the live tensors the file
+  // overwrites; tmpfs would hold them in memory.
+  std::filesystem::path journal_directory;
   // Checked before any byte is parsed (see LoadOptions::expected_sha256).
   std::optional<Sha256Digest> expected_sha256;
   // The signature the file must carry (holdpoint/base/signature.h), checked
@@ -103,6 +133,8 @@ struct LoadReport {
   std::string profile;
   std::string layout;  // "holdpoint", "state_dict", "tutorial", "lightning", "torchscript"
   std::vector<std::string> restored;  // component names, in apply order
+  bool in_place = false;                // resumed in place (ResumeMemory::in_place)
+  std::uint64_t bytes_journaled = 0;    // live bytes a resume in place saved before writing over them
   std::optional<ResumeDrift> drift;   // a max_epochs extension accepted by this load
   std::vector<std::string> warnings;
 };
@@ -171,6 +203,9 @@ class TrainingState {
   // given, replaces the captured tensors with copies before returning.
   PreparedCheckpoint prepare_save(const CheckpointSaveOptions& options = {}, const StateStager& stage = {}) const;
   LoadReport load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
+  // Whether load_checkpoint resumes a file of `file_bytes` in place under
+  // `memory` (automatic: from kInPlaceResumeBytes, with the model on the CPU).
+  bool resumes_in_place(std::uint64_t file_bytes, ResumeMemory memory) const;
   LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   // With `trust`, the file's signature is checked, and its bytes held to the
   // signed digest, before LibTorch reads it.

@@ -17,6 +17,7 @@
 #include "format/safetensors/safetensors.h"
 #include "format/zip/zip_reader.h"
 #include "format/zip/zip_stream_checker.h"
+#include "format/resume_scan.h"
 
 namespace holdpoint {
 
@@ -140,12 +141,75 @@ class PreadZipSource final : public format::ZipByteSource {
 
 // Records come from the pass; tensors get storages without bytes. For a
 // verdict, which returns no tensor, storages of one size share one object.
+// What a resume's pass keeps and learns besides a tree (format/resume_scan.h).
+struct ResumeKeeps {
+  std::uint64_t keep_budget = 0;
+  const format::ZipEntry* entries = nullptr;  // the archive's, to index records
+  std::vector<char> kept;                     // by entry index: a storage record that keeps its bytes
+  std::unordered_map<std::size_t, format::AbsentRecord> digests;  // by entry index
+  std::unordered_map<const void*, format::AbsentRecord> absent;   // by storage identity
+};
+
+// Chooses the storage records that keep their bytes: at most
+// kKeptRecordBytes each, smallest first, within the budget.
+void choose_kept_records(const format::ZipArchive& archive, ResumeKeeps& resume) {
+  std::vector<std::size_t> storages;
+  for (std::size_t i = 0; i < archive.entries.size(); ++i) {
+    const auto& entry = archive.entries[i];
+    if (entry.record().starts_with("data/") && entry.size <= format::kKeptRecordBytes) storages.push_back(i);
+  }
+  std::sort(storages.begin(), storages.end(),
+            [&](std::size_t a, std::size_t b) { return archive.entries[a].size < archive.entries[b].size; });
+  resume.kept.assign(archive.entries.size(), 0);
+  std::uint64_t total = 0;
+  for (const std::size_t i : storages) {
+    if (total + archive.entries[i].size > resume.keep_budget) break;
+    total += archive.entries[i].size;
+    resume.kept[i] = 1;
+  }
+  resume.entries = archive.entries.data();
+}
+
+// Digests every payload that does not keep its bytes as it streams by: the
+// entries arrive one after the other, so one state at a time.
+class AbsentDigester {
+ public:
+  explicit AbsentDigester(ResumeKeeps& resume) : resume_(resume) {}
+  void operator()(std::size_t index, std::span<const std::byte> piece, bool last) {
+    if (resume_.kept[index] || !resume_.entries[index].record().starts_with("data/")) return;
+    if (!mac_ || index != index_) {
+      index_ = index;
+      key_ = io::random_poly1305_key();
+      mac_.emplace(key_);
+      xxh3_ = io::Xxh3_128();
+    }
+    mac_->update(piece);
+    xxh3_.update(piece);
+    if (!last) return;
+    format::AbsentRecord& record = resume_.digests[index];
+    record.key = key_;
+    record.tag = mac_->finish();
+    record.xxh3 = xxh3_.finish();
+    mac_.reset();
+  }
+
+ private:
+  ResumeKeeps& resume_;
+  std::size_t index_ = 0;
+  io::Poly1305Key key_{};
+  std::optional<io::Poly1305> mac_;
+  io::Xxh3_128 xxh3_;
+};
+
 class ScanRecordSource final : public format::ZipRecordSource {
  public:
-  ScanRecordSource(const format::ZipStreamChecker& checker, ScanKeeps keeps) : checker_(checker), keeps_(keeps) {}
+  ScanRecordSource(const format::ZipStreamChecker& checker, ScanKeeps keeps, ResumeKeeps* resume = nullptr)
+      : checker_(checker), keeps_(keeps), resume_(resume) {}
   std::span<const std::byte> record_bytes(const format::ZipEntry& entry) override { return checker_.kept(entry); }
-  std::shared_ptr<const Storage> storage(const format::ZipEntry& entry, const format::StorageRequest&, bool) override {
+  std::shared_ptr<const Storage> storage(const format::ZipEntry& entry, const format::StorageRequest&,
+                                         bool big_endian) override {
     const auto size = static_cast<std::size_t>(entry.size);
+    if (resume_) return resume_storage(entry, big_endian);
     if (keeps_ == ScanKeeps::tree) {
       auto storage = Storage::absent(size);
       locations_.push_back({storage->identity(), entry.data_offset, entry.size, entry.crc32});
@@ -158,8 +222,24 @@ class ScanRecordSource final : public format::ZipRecordSource {
   std::vector<StorageLocation> take_locations() { return std::move(locations_); }
 
  private:
+  std::shared_ptr<const Storage> resume_storage(const format::ZipEntry& entry, bool big_endian) {
+    if (big_endian) {
+      fail(ErrorCode::byteorder_unsupported, "a resume in place reads little-endian archives only; record ",
+           entry.record(), " is big-endian");
+    }
+    const auto index = static_cast<std::size_t>(&entry - resume_->entries);
+    if (resume_->kept[index]) return Storage::copy_of(checker_.kept(entry));
+    auto storage = Storage::absent(static_cast<std::size_t>(entry.size));
+    format::AbsentRecord record = resume_->digests.at(index);
+    record.offset = entry.data_offset;
+    record.size = entry.size;
+    resume_->absent.emplace(storage->identity(), record);
+    return storage;
+  }
+
   const format::ZipStreamChecker& checker_;
   ScanKeeps keeps_;
+  ResumeKeeps* resume_;
   std::vector<StorageLocation> locations_;
   std::unordered_map<std::size_t, std::shared_ptr<const Storage>> by_size_;
 };
@@ -218,7 +298,7 @@ FileFormat detect_past_head(int fd, std::uint64_t file_size, std::span<const std
 }
 
 LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesystem::path& path,
-                             const LoadOptions& options, ScanKeeps keeps) {
+                             const LoadOptions& options, ScanKeeps keeps, ResumeKeeps* resume = nullptr) {
   const Limits& limits = options.limits;
   PreReadBytes pre_read(fd, file_size);
   std::optional<format::ZipArchive> archive;
@@ -266,9 +346,16 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
   pre_read.seal();
 
   std::optional<format::ZipStreamChecker> checker;
+  std::optional<AbsentDigester> digester;
   if (archive) {
-    checker.emplace(*archive, file_size,
-                    [&limits](const format::ZipEntry& entry) { return format::record_bytes_needed(entry, limits); });
+    if (resume) choose_kept_records(*archive, *resume);
+    checker.emplace(*archive, file_size, [&limits, resume, first = archive->entries.data()](const format::ZipEntry& entry) {
+      return format::record_bytes_needed(entry, limits) || (resume && resume->kept[&entry - first]);
+    });
+    if (resume) {
+      digester.emplace(*resume);
+      checker->observe_payloads(std::ref(*digester));
+    }
   }
   const Sha256Digest digest = io::stream_file(
       fd, path.string(), file_size,
@@ -294,7 +381,7 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
     }
     format::check_record_names(*archive);
     checker->check_crcs(limits);
-    ScanRecordSource source(*checker, keeps);
+    ScanRecordSource source(*checker, keeps, resume);
     format::InterpretOptions interpret;
     interpret.drop_tensors = keeps == ScanKeeps::verdict;
     interpret.list_records = keeps == ScanKeeps::tree;
@@ -321,6 +408,26 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
 }
 
 }  // namespace
+
+format::ResumeScan format::scan_for_resume(const io::RegularFile& file, const std::filesystem::path& path,
+                                           const LoadOptions& given, std::uint64_t keep_budget) {
+  LoadOptions options = given;
+  options.expected_sha256 = format::expected_digest(path, given);
+  try {
+    if (file.size > options.limits.max_file_bytes) {
+      fail(ErrorCode::file_too_large, "file is ", file.size, " bytes, above the limit of ",
+           options.limits.max_file_bytes, " (Limits::max_file_bytes)");
+    }
+    ResumeKeeps resume;
+    resume.keep_budget = keep_budget;
+    ResumeScan result;
+    result.mapping = scan_open_file(file.fd.get(), file.size, path, options, ScanKeeps::tree, &resume);
+    result.absent = std::move(resume.absent);
+    return result;
+  } catch (const Error& error) {
+    throw error.with_path(path.string());
+  }
+}
 
 LoadedMapping scan_checkpoint(const std::filesystem::path& path, const LoadOptions& given, ScanKeeps keeps) {
   LoadOptions options = given;

@@ -7,6 +7,7 @@
 // run them, so a file is judged the same whichever language resumes it.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,9 @@ struct ResumeExpectation {
   // the component digests are then not recomputed.
   bool digest_checked = false;
   bool check_component_records = true;
+  // Digests of storages whose bytes the tree does not hold (a resume in
+  // place), of the manifest's storage digest kind. Empty: computed.
+  std::function<StorageDigests(StorageDigestKind)> known_storage_digests;
 };
 
 struct ResumeCheck {

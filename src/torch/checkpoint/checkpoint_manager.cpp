@@ -104,8 +104,24 @@ std::optional<LoadReport> CheckpointManager::resume() {
   // The whole run's signatures first: a rolled-back LATEST or a broken chain
   // is refused before a generation is read (load() then checks LATEST's own).
   if (const auto& trust = impl_->run.options().trust) impl_->run.require_signatures(*trust);
-  const LoadedMapping mapping = impl_->run.load(*latest);
-  LoadReport report = TrainingStateAccess::load_parsed(impl_->state, mapping, impl_->run.file_path(*latest));
+  const std::filesystem::path path = impl_->run.file_path(*latest);
+  std::error_code ignored;
+  const auto size = std::filesystem::file_size(path, ignored);
+  LoadReport report;
+  if (impl_->state.resumes_in_place(ignored ? 0 : size, impl_->options.resume_memory)) {
+    // The same checks as run.load: the digest the run index records, and the
+    // generation's signature under the run's trust policy.
+    CheckpointLoadOptions load;
+    load.limits = impl_->run.options().limits;
+    load.expected_sha256 = latest->sha256;
+    load.trust = impl_->run.options().trust;
+    load.memory = ResumeMemory::in_place;
+    load.journal_directory = impl_->options.journal_directory;
+    report = impl_->state.load_checkpoint(path, load);
+  } else {
+    const LoadedMapping mapping = impl_->run.load(*latest);
+    report = TrainingStateAccess::load_parsed(impl_->state, mapping, path);
+  }
   impl_->log(concat("resumed ", impl_->run.path().string(), " from ", latest->name, " (step ", latest->step, ")"));
   return report;
 }

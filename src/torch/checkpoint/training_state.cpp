@@ -2,12 +2,16 @@
 
 #include <torch/version.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <iostream>
 #include <set>
 
 #include "format/publish_file.h"
+#include "checkpoint/in_place.h"
 #include "checkpoint/legacy_layouts.h"
+#include "format/resume_scan.h"
 #include "checkpoint/training_state_access.h"
 #include "base/fail.h"
 #include "format/pt_writer.h"
@@ -47,25 +51,37 @@ bool needs_libtorch(ErrorCode code) {
   return code == ErrorCode::torchscript_archive;
 }
 
-LoadedMapping read_untrusted(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
+LoadOptions untrusted_options(const CheckpointLoadOptions& options) {
   LoadOptions load_options;
   load_options.limits = options.limits;
   load_options.expected_sha256 = options.expected_sha256;
   load_options.trust = options.trust;
+  return load_options;
+}
+
+[[noreturn]] void rethrow_untrusted(const std::filesystem::path& path, const Error& error) {
+  if (needs_libtorch(error.code())) {
+    throw UnsafeCheckpointLoadUnavailable(
+        detail::concat(path.string(), ": only LibTorch's deserializer could read this file (",
+                       error_code_name(error.code()), ": ", error.detail(),
+                       "); untrusted loads never call it. If you trust its producer and custody, use "
+                       "load_trusted_checkpoint."),
+        error.code());
+  }
+  throw error;
+}
+
+LoadedMapping read_untrusted(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
   try {
-    return load_checkpoint_mapping(path, load_options);
+    return load_checkpoint_mapping(path, untrusted_options(options));
   } catch (const Error& error) {
-    if (needs_libtorch(error.code())) {
-      throw UnsafeCheckpointLoadUnavailable(
-          detail::concat(path.string(), ": only LibTorch's deserializer could read this file (",
-                         error_code_name(error.code()), ": ", error.detail(),
-                         "); untrusted loads never call it. If you trust its producer and custody, use "
-                         "load_trusted_checkpoint."),
-          error.code());
-    }
-    throw;
+    rethrow_untrusted(path, error);
   }
 }
+
+// What the first pass of a resume in place keeps of the small records
+// (format/resume_scan.h): the values components read while they validate.
+constexpr std::uint64_t kKeptRecordBudget = std::uint64_t{64} << 20;
 
 }  // namespace
 
@@ -252,8 +268,31 @@ SaveResult TrainingState::save(const std::filesystem::path& path, const Checkpoi
 
 // ---- load_checkpoint -------------------------------------------------------------------
 
+bool TrainingState::resumes_in_place(std::uint64_t file_bytes, ResumeMemory memory) const {
+  if (memory != ResumeMemory::automatic) return memory == ResumeMemory::in_place;
+  return file_bytes >= kInPlaceResumeBytes && profile_facts().model_on_cpu;
+}
+
 LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options) {
-  return load_parsed_checkpoint(read_untrusted(path, options), path, {});
+  std::error_code ignored;
+  const auto size = std::filesystem::file_size(path, ignored);
+  if (!resumes_in_place(ignored ? 0 : size, options.memory)) return load_parsed_checkpoint(read_untrusted(path, options), path, {});
+
+  const io::RegularFile file = io::open_regular_for_reading(path);
+  struct stat identity {};
+  ::fstat(file.fd.get(), &identity);
+  format::ResumeScan scan;
+  try {
+    scan = format::scan_for_resume(file, path, untrusted_options(options), kKeptRecordBudget);
+  } catch (const Error& error) {
+    rethrow_untrusted(path, error);
+  }
+  std::filesystem::path journal_directory = options.journal_directory;
+  if (journal_directory.empty()) journal_directory = std::filesystem::absolute(path).parent_path();
+  checkpoint::InPlaceFill fill(file, identity, path, std::move(scan.absent), journal_directory);
+  ParsedLoadOptions parsed;
+  parsed.in_place = &fill;
+  return load_parsed_checkpoint(scan.mapping, path, parsed);
 }
 
 LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, const std::filesystem::path& path,
@@ -276,6 +315,11 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
     expectation.ignore_profile_drift = drop_profile_claim;
     expectation.digest_checked = mapping.digest_checked;
     expectation.check_component_records = options.check_component_records;
+    if (options.in_place) {
+      expectation.known_storage_digests = [fill = options.in_place](StorageDigestKind kind) {
+        return fill->storage_digests(kind);
+      };
+    }
     const schema::ResumeCheck check = schema::check_resume_root(root, expectation);
     report.profile = check.manifest.profile;
     for (const Component* c : components_) c->validate(root.as_dict().at(c->name()));
@@ -285,7 +329,28 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
                                  schema::progress_step_of(root)};
     }
     if (options.before_apply) options.before_apply();
-    report = apply_transactionally(root, std::move(report));
+    if (!options.in_place) {
+      report = apply_transactionally(root, std::move(report));
+    } else {
+      // The large tensors' bytes go where they end up, then the components
+      // apply as usual and find them there; any failure puts the live bytes
+      // written over back from the journal.
+      std::vector<std::pair<Component*, const Value*>> states;
+      for (Component* c : components_) {
+        if (const Value* state = root.as_dict().find(c->name())) states.emplace_back(c, state);
+      }
+      const Value filled = options.in_place->fill(root, states);
+      report.in_place = true;
+      report.bytes_journaled = options.in_place->bytes_journaled();
+      try {
+        report = apply_transactionally(filled, std::move(report));
+      } catch (const Error& error) {
+        const std::string unrestored = options.in_place->restore();
+        if (unrestored.empty()) throw;
+        fail(error.code(), error.detail(), "; the live tensors the resume wrote over could not all be restored",
+             unrestored);
+      }
+    }
     // The accepted extension is part of the run's history from now on.
     if (report.drift) pending_drift_ = report.drift;
     return report;

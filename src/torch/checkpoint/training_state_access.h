@@ -10,6 +10,10 @@
 
 namespace holdpoint {
 
+namespace checkpoint {
+class InPlaceFill;
+}
+
 // How a load treats a mapping another layer assembled.
 struct ParsedLoadOptions {
   // Compare each component with the digest and contract its manifest
@@ -23,6 +27,9 @@ struct ParsedLoadOptions {
   // Accept a checkpoint of another profile when the live profile is
   // unqualified (a world-size change); the profile is then not load-bearing.
   bool allow_unqualified_profile_change = false;
+  // A resume in place: the mapping's large storages are absent, and this
+  // fills them after every check (checkpoint/in_place.h).
+  checkpoint::InPlaceFill* in_place = nullptr;
 };
 
 struct TrainingStateAccess {

@@ -90,13 +90,17 @@ void ZipStreamChecker::consume(std::uint64_t offset, std::span<const std::byte> 
             keeping_->reserve(static_cast<std::size_t>(entry.size));
           }
           step_ = Step::payload;
-          if (payload_left_ == 0) end_payload();
+          if (payload_left_ == 0) {
+            if (observe_) observe_(index, {}, true);
+            end_payload();
+          }
           break;
         case Step::payload: {
           const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(payload_left_, bytes.size()));
           const auto piece = bytes.first(take);
           crcs_[index] = io::crc32_update(crcs_[index], piece.data(), piece.size());
           if (keeping_) keeping_->insert(keeping_->end(), piece.begin(), piece.end());
+          if (observe_) observe_(index, piece, take == payload_left_);
           bytes = bytes.subspan(take);
           position_ += take;
           payload_left_ -= take;

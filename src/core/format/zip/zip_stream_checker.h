@@ -50,6 +50,11 @@ class ZipStreamChecker {
   void check_crcs(const Limits& limits) const;
   // The payload of an entry `keep` chose. Only after local_entries_ok().
   std::span<const std::byte> kept(const ZipEntry& entry) const;
+  // Called with each piece of every entry's payload as it passes (an empty
+  // payload: once, with no bytes), by entry index in the directory; `last`
+  // on its final piece.
+  using PayloadObserver = std::function<void(std::size_t index, std::span<const std::byte> piece, bool last)>;
+  void observe_payloads(PayloadObserver observer) { observe_ = std::move(observer); }
 
  private:
   enum class Step : std::uint8_t {
@@ -71,6 +76,7 @@ class ZipStreamChecker {
   ZipArchive& archive_;
   std::uint64_t file_size_;
   std::function<bool(const ZipEntry&)> keep_;
+  PayloadObserver observe_;
   std::vector<std::uint32_t> by_offset_;  // entry indices in local header order
   std::vector<std::uint32_t> crcs_;       // by entry index
   // The kept payloads by entry index: only a few records (data.pkl and the

@@ -1,0 +1,110 @@
+// The second pass of a resume in place (docs/resume-contract.md, "Resuming in
+// place"). The first, format::scan_for_resume (format/resume_scan.h), has
+// verified the file and built its tree, in which every large storage is
+// absent: a size, an offset in the file, and a Poly1305 tag under a key only
+// this process knows. Once every check and every component's validate
+// passed, fill() puts those bytes where they end up:
+//   - for a model (ModuleState, whose apply copies every tensor into the live
+//     one), where the live tensor at the same key has the same dtype and
+//     shape, both are contiguous and the file's tensor views all of its
+//     storage: straight into the live tensor's memory, after its old bytes
+//     went to the journal;
+//   - elsewhere: into fresh memory, handed over (Storage::handed_over), which
+//     an optimizer adopts as its new state instead of copying it; other
+//     components copy from it.
+// Each storage is read in pieces of kPieceBytes into its destination and its
+// tag is computed over the bytes as they lie there; a tag that differs (the
+// file changed after the first pass) or a failed read puts the journal back
+// and throws file_changed_during_read or io_read_failed. Before any byte
+// moves, the open file's identity (device, inode, size, modification
+// time) is compared with the first pass's: a file changed between the
+// passes is refused with nothing written.
+//
+// fill() returns the tree with those tensors viewing their destinations; the
+// components' own apply then finds the bytes in place (copy_into skips a
+// copy onto itself). If anything fails later, restore() puts back every live
+// byte the journal holds; the fresh memory simply goes with the tree.
+//
+// The journal is an unnamed file (O_TMPFILE) in `journal_directory`, the
+// checkpoint's own folder by default: it holds the old bytes of the live
+// tensors written over, its pages are sent to the disk as they are written
+// (sync_file_range) so that they can leave memory, and it is gone when the
+// resume ends, whatever the outcome.
+//
+// Memory: the pieces are the live tensors' own; besides them, the tree's
+// metadata and the journal's index.
+//
+// Thread-safety: one thread.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "base/file_descriptor.h"
+#include "format/resume_scan.h"
+#include "holdpoint/schema/manifest.h"
+#include "holdpoint/state/component.h"
+
+namespace holdpoint::checkpoint {
+
+inline constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
+
+class InPlaceFill {
+ public:
+  // `file` is the descriptor the first pass read (kept open), `identity` the
+  // fstat taken when it was opened.
+  InPlaceFill(const io::RegularFile& file, const struct stat& identity, std::filesystem::path path,
+              std::unordered_map<const void*, format::AbsentRecord> absent, std::filesystem::path journal_directory);
+  ~InPlaceFill();
+  InPlaceFill(const InPlaceFill&) = delete;
+  InPlaceFill& operator=(const InPlaceFill&) = delete;
+
+  // The absent storages' digests of `kind` by identity, for component
+  // digests: the first pass's XXH3-128, or SHA-256 read again from the file
+  // (files that predate "storage_digest").
+  StorageDigests storage_digests(StorageDigestKind kind) const;
+
+  // `states` are the components' validated states in `root`, each with its
+  // component. Returns `root` with every absent storage filled.
+  Value fill(const Value& root, const std::vector<std::pair<Component*, const Value*>>& states);
+
+  // Puts the journaled bytes back into the live tensors, newest first.
+  // Returns what failed ("" when nothing did).
+  std::string restore() noexcept;
+
+  std::uint64_t bytes_filled() const noexcept { return bytes_filled_; }
+  std::uint64_t bytes_journaled() const noexcept { return journal_end_; }
+
+ private:
+  struct Destination {
+    std::byte* live = nullptr;             // the live tensor's bytes, or null: fresh memory
+    std::shared_ptr<const void> owner;     // keeps `live` alive
+  };
+  struct Journaled {
+    std::byte* live;
+    std::uint64_t size;
+    std::uint64_t at;  // in the journal
+  };
+
+  void plan(const Value& file, const Value& live, std::unordered_map<const void*, Destination>& plan) const;
+  void check_identity() const;
+  void journal(std::byte* live, std::uint64_t size);
+  void read_into(std::byte* destination, const format::AbsentRecord& record);
+
+  const io::RegularFile& file_;
+  struct stat identity_;
+  std::filesystem::path path_;
+  std::unordered_map<const void*, format::AbsentRecord> absent_;
+  std::filesystem::path journal_directory_;
+  io::FileDescriptor journal_fd_;
+  std::uint64_t journal_end_ = 0;
+  std::vector<Journaled> journaled_;
+  std::uint64_t bytes_filled_ = 0;
+};
+
+}  // namespace holdpoint::checkpoint
