@@ -288,7 +288,8 @@ TEST(ResumeInPlace, BytesThatDifferFromTheFirstPassAreRefusedAndTheJournalRestor
   Trainee target(8);
   target.train(1);
   const Value before = target.snapshot();
-  checkpoint::InPlaceFill fill(file, identity, path, std::move(scan.absent), dir.path());
+  checkpoint::InPlaceFill fill(file, identity, path, dir.path());
+  fill.set_records(std::move(scan.absent));
   std::vector<std::pair<Component*, const Value*>> states;
   const Value& root = scan.mapping.root;
   states.emplace_back(&target.model_state, &root.as_dict().at("model"));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cerrno>
 #include <cstring>
 
@@ -81,16 +82,56 @@ io::FileDescriptor open_journal(const std::filesystem::path& directory) {
 }  // namespace
 
 InPlaceFill::InPlaceFill(const io::RegularFile& file, const struct stat& identity, std::filesystem::path path,
-                         std::unordered_map<const void*, format::AbsentRecord> absent,
                          std::filesystem::path journal_directory)
-    : file_(file),
-      identity_(identity),
-      path_(std::move(path)),
-      absent_(std::move(absent)),
-      journal_directory_(std::move(journal_directory)),
+    : file_(file), identity_(identity), path_(std::move(path)), journal_directory_(std::move(journal_directory)),
       journal_fd_(-1) {}
 
-InPlaceFill::~InPlaceFill() = default;
+InPlaceFill::~InPlaceFill() {
+  stop_background_ = true;  // the resume failed before fill(): the journal is not needed
+  if (background_.joinable()) background_.join();
+}
+
+namespace {
+
+void each_tensor(const Value& value, const std::function<void(const TensorData&)>& visit) {
+  if (value.is_tensor()) {
+    visit(value.as_tensor());
+  } else if (value.is_sequence()) {
+    for (const Value& item : value.as_list()) each_tensor(item, visit);
+  } else if (value.is_dict()) {
+    for (const auto& [key, item] : value.as_dict()) each_tensor(item, visit);
+  }
+}
+
+}  // namespace
+
+void InPlaceFill::journal_in_background(const std::vector<Component*>& components) {
+  for (Component* component : components) {
+    if (dynamic_cast<ModuleState*>(component)) journal_sources_.push_back(component->capture(CaptureMode::reference));
+  }
+  if (journal_sources_.empty()) return;
+  background_ = std::thread([this] {
+    try {
+      for (const Value& source : journal_sources_) {
+        each_tensor(source, [this](const TensorData& tensor) {
+          if (stop_background_) return;
+          if (!tensor.storage || !tensor.storage->has_bytes() || !tensor.is_contiguous() || tensor.itemsize() == 0) return;
+          const std::uint64_t start = static_cast<std::uint64_t>(tensor.storage_offset) * tensor.itemsize();
+          const std::uint64_t size = tensor.logical_bytes();
+          if (size == 0 || start + size > tensor.storage->nbytes()) return;
+          journal(const_cast<std::byte*>(tensor.storage->data()) + start, size);
+        });
+      }
+    } catch (...) {
+      background_failure_ = std::current_exception();
+    }
+  });
+}
+
+void InPlaceFill::finish_background_journal() {
+  if (background_.joinable()) background_.join();
+  if (background_failure_) std::rethrow_exception(std::exchange(background_failure_, nullptr));
+}
 
 StorageDigests InPlaceFill::storage_digests(StorageDigestKind kind) const {
   StorageDigests digests(kind);
@@ -193,10 +234,13 @@ void InPlaceFill::journal(std::byte* live, std::uint64_t size) {
   journal_end_ += size;
 }
 
-void InPlaceFill::read_into(std::byte* destination, const format::AbsentRecord& record) {
+void InPlaceFill::read_into(std::byte* destination, const format::AbsentRecord& record, io::Buffer* fresh) {
   io::Poly1305 mac(record.key);
   for (std::uint64_t done = 0; done < record.size;) {
     const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(kPieceBytes, record.size - done));
+    // Fresh memory is faulted in a piece at a time (and leaves huge pages
+    // that come back slowly from the host, Buffer::populate).
+    if (fresh) fresh->populate(static_cast<std::size_t>(done), size);
     const ssize_t got = ::pread(file_.fd.get(), destination + done, size, static_cast<off_t>(record.offset + done));
     if (got < 0) {
       fail(ErrorCode::io_read_failed, "reading ", size, " bytes at offset ", record.offset + done,
@@ -239,15 +283,19 @@ Value InPlaceFill::fill(const Value& root, const std::vector<std::pair<Component
   auto fresh = std::make_shared<FreshMemory>();
   std::unordered_map<const void*, std::shared_ptr<const Storage>> filled;
   try {
+    finish_background_journal();
     check_identity();
+    std::unordered_map<const std::byte*, std::uint64_t> journaled;  // live start -> bytes
+    for (const Journaled& entry : journaled_) journaled.emplace(entry.live, entry.size);
     for (auto& [identity, record, destination] : order) {
       if (destination->live) {
-        journal(destination->live, record->size);
+        const auto found = journaled.find(destination->live);
+        if (found == journaled.end() || found->second < record->size) journal(destination->live, record->size);
         read_into(destination->live, *record);
         continue;
       }
       auto buffer = io::Buffer::allocate(static_cast<std::size_t>(record->size));
-      read_into(buffer->data(), *record);
+      read_into(buffer->data(), *record, buffer.get());
       fresh->buffers.push_back(std::move(buffer));
     }
     // The tree's tensors view the destinations. Fresh memory is handed over

@@ -29,7 +29,10 @@
 // checkpoint's own folder by default: it holds the old bytes of the live
 // tensors written over, its pages are sent to the disk as they are written
 // (sync_file_range) so that they can leave memory, and it is gone when the
-// resume ends, whatever the outcome.
+// resume ends, whatever the outcome. journal_in_background() writes it on a
+// second thread while the first pass runs (the model's tensors are known
+// before the file is): the live state does not change during a resume, and
+// the first pass is bound by SHA-256 on one core.
 //
 // Memory: the pieces are the live tensors' own; besides them, the tree's
 // metadata and the journal's index.
@@ -39,13 +42,17 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <exception>
 #include <memory>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "base/file_descriptor.h"
+#include "holdpoint/base/snapshot.h"
 #include "format/resume_scan.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/state/component.h"
@@ -59,10 +66,17 @@ class InPlaceFill {
   // `file` is the descriptor the first pass read (kept open), `identity` the
   // fstat taken when it was opened.
   InPlaceFill(const io::RegularFile& file, const struct stat& identity, std::filesystem::path path,
-              std::unordered_map<const void*, format::AbsentRecord> absent, std::filesystem::path journal_directory);
+              std::filesystem::path journal_directory);
   ~InPlaceFill();
   InPlaceFill(const InPlaceFill&) = delete;
   InPlaceFill& operator=(const InPlaceFill&) = delete;
+
+  // Starts journaling the live tensors of `components` that fill() may
+  // write into (a model's) on a second thread. Its failure is raised by
+  // fill(), before any byte moves.
+  void journal_in_background(const std::vector<Component*>& components);
+  // The first pass's records of the absent storages.
+  void set_records(std::unordered_map<const void*, format::AbsentRecord> absent) { absent_ = std::move(absent); }
 
   // The absent storages' digests of `kind` by identity, for component
   // digests: the first pass's XXH3-128, or SHA-256 read again from the file
@@ -94,7 +108,8 @@ class InPlaceFill {
   void plan(const Value& file, const Value& live, std::unordered_map<const void*, Destination>& plan) const;
   void check_identity() const;
   void journal(std::byte* live, std::uint64_t size);
-  void read_into(std::byte* destination, const format::AbsentRecord& record);
+  void finish_background_journal();
+  void read_into(std::byte* destination, const format::AbsentRecord& record, io::Buffer* fresh = nullptr);
 
   const io::RegularFile& file_;
   struct stat identity_;
@@ -104,6 +119,10 @@ class InPlaceFill {
   io::FileDescriptor journal_fd_;
   std::uint64_t journal_end_ = 0;
   std::vector<Journaled> journaled_;
+  std::thread background_;
+  std::exception_ptr background_failure_;
+  std::atomic<bool> stop_background_{false};
+  std::vector<Value> journal_sources_;  // the captures the background journal reads
   std::uint64_t bytes_filled_ = 0;
 };
 

@@ -281,15 +281,18 @@ LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, con
   const io::RegularFile file = io::open_regular_for_reading(path);
   struct stat identity {};
   ::fstat(file.fd.get(), &identity);
+  std::filesystem::path journal_directory = options.journal_directory;
+  if (journal_directory.empty()) journal_directory = std::filesystem::absolute(path).parent_path();
+  checkpoint::InPlaceFill fill(file, identity, path, journal_directory);
+  // The model's bytes go to the journal while the first pass hashes the file.
+  fill.journal_in_background(components_);
   format::ResumeScan scan;
   try {
     scan = format::scan_for_resume(file, path, untrusted_options(options), kKeptRecordBudget);
   } catch (const Error& error) {
     rethrow_untrusted(path, error);
   }
-  std::filesystem::path journal_directory = options.journal_directory;
-  if (journal_directory.empty()) journal_directory = std::filesystem::absolute(path).parent_path();
-  checkpoint::InPlaceFill fill(file, identity, path, std::move(scan.absent), journal_directory);
+  fill.set_records(std::move(scan.absent));
   ParsedLoadOptions parsed;
   parsed.in_place = &fill;
   return load_parsed_checkpoint(scan.mapping, path, parsed);
