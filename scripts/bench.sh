@@ -12,13 +12,16 @@
 #                             [--commit-worlds 2,4,8] [--no-compare] [--dir DIR] [--json FILE]
 #     (holdpoint.dcp against stock torch.distributed.checkpoint on spawned Gloo ranks, and the
 #      coordinator's commit cost by world size: bench/dcp_bench.py)
+#   bash scripts/bench.sh resume [--sizes 32,128,256,512,1024] [--mib M] [--repeat N] [--dir DIR]
+#     (resume in place against the private copy and max(read, SHA-256), fresh processes:
+#      bench/resume_bench.cpp)
 # Without a benchmark name the floor benchmark runs: every performance target
 # (bench/RESULTS.md records a run) with its ratio and met / not met.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=floor
 case "${1:-}" in
-  floor|checkpoint|publication|distributed|python|run_signing|dcp) bench=$1; shift ;;
+  floor|checkpoint|publication|distributed|python|run_signing|dcp|resume) bench=$1; shift ;;
 esac
 bash scripts/build.sh >&2
 build_dir=${HOLDPOINT_BUILD_DIR:-build}
