@@ -6,8 +6,9 @@
 // Writes a checkpoint of a model of STATE_MIB / 2 MiB of float32 weights and
 // its SGD momentum (STATE_MIB in all), then, each in a fresh process:
 //   1. resumes it the private-copy way with no limit: the reference result;
-//   2. resumes it in place inside a cgroup v1 memory controller whose limit is
-//      STATE_MIB + MARGIN_MIB: it must succeed, bit for bit equal to (1);
+//   2. resumes it with ResumeMemory::automatic inside a cgroup v1 memory
+//      controller whose limit is STATE_MIB + MARGIN_MIB: it must choose the
+//      resume in place and succeed, bit for bit equal to (1);
 //   3. the negative control: the private copy in the same cgroup must fail
 //      (killed for memory or refused an allocation): the margin is smaller
 //      than the file;
@@ -21,7 +22,7 @@
 //
 // The worker modes (what the fresh processes run) are
 //   resume_memory_check --save PATH STATE_MIB
-//   resume_memory_check --resume PATH STATE_MIB private_copy|in_place [--poke]
+//   resume_memory_check --resume PATH STATE_MIB private_copy|in_place|automatic [--poke]
 // each printing "digest <hex>" of the live state it ends with.
 #include <fcntl.h>
 #include <signal.h>
@@ -136,7 +137,9 @@ int resume(const std::filesystem::path& path, std::uint64_t state_mib, const std
   at::manual_seed(2);
   Live live(state_mib);
   holdpoint::CheckpointLoadOptions options;
-  options.memory = mode == "in_place" ? holdpoint::ResumeMemory::in_place : holdpoint::ResumeMemory::private_copy;
+  options.memory = mode == "in_place"       ? holdpoint::ResumeMemory::in_place
+                   : mode == "automatic"    ? holdpoint::ResumeMemory::automatic
+                                            : holdpoint::ResumeMemory::private_copy;
   if (poke) live.progress.poke_path = path;
   const std::string before = live.digest();
   const auto start = std::chrono::steady_clock::now();
@@ -255,10 +258,13 @@ int drive(std::uint64_t state_mib, std::uint64_t margin_mib, bool large) {
                 static_cast<unsigned long long>(limit >> 20), static_cast<unsigned long long>(file_mib),
                 static_cast<unsigned long long>(margin_mib));
 
-    const Outcome streamed = run_self({"--resume", path, mib, "in_place"}, cgroup);
+    // ResumeMemory::automatic: the file does not fit in what the cgroup has
+    // left, so the resume goes in place on its own.
+    const Outcome streamed = run_self({"--resume", path, mib, "automatic"}, cgroup);
     const std::uint64_t peak = read_number(cgroup / "memory.max_usage_in_bytes");
-    check(exited_ok(streamed) && field(streamed.output, "digest") == field(reference.output, "digest"),
-          "resumed in place under the limit, bit for bit equal to the private copy",
+    check(exited_ok(streamed) && field(streamed.output, "digest") == field(reference.output, "digest") &&
+              field(streamed.output, "resumed").starts_with("in_place=1"),
+          "resumed in place (chosen by automatic) under the limit, bit for bit equal to the private copy",
           describe(streamed) + ", cgroup peak " + std::to_string(peak >> 20) + " MiB; " + field(streamed.output, "resumed"));
 
     if (!large) {

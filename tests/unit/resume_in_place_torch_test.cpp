@@ -55,13 +55,14 @@ class Counters final : public Component {
   std::string name_ = "progress";
 };
 
-// A model with tensors of 2 MiB and more (absent from the first pass) and
-// small ones (kept), and Adam over it.
+// A model with a 24 MiB weight (absent from the first pass; with Adam's two
+// moments the second pass reads 72 MiB, on two threads) and small tensors
+// (kept), and Adam over it.
 struct Trainee {
   explicit Trainee(std::uint64_t seed)
       : model([seed] {
           at::manual_seed(seed);
-          return torch::nn::Sequential(torch::nn::Linear(1024, 768), torch::nn::Linear(768, 16));
+          return torch::nn::Sequential(torch::nn::Linear(4096, 1536), torch::nn::Linear(1536, 16));
         }()),
         adam(model->parameters(), torch::optim::AdamOptions(1e-3)),
         model_state(*model),
@@ -72,7 +73,7 @@ struct Trainee {
   void train(int steps) {
     for (int i = 0; i < steps; ++i) {
       adam.zero_grad();
-      model->forward(at::randn({8, 1024})).pow(2).sum().backward();
+      model->forward(at::randn({8, 4096})).pow(2).sum().backward();
       adam.step();
       ++counters.step;
     }
@@ -143,7 +144,7 @@ TEST(ResumeInPlace, FreshProcessResumeIsBitIdenticalToThePrivateCopy) {
   Trainee streamed(8);  // other weights, no optimizer state yet: a fresh process
   const LoadReport report = streamed.state.load_checkpoint(path, in_place());
   EXPECT_TRUE(report.in_place);
-  EXPECT_GE(report.bytes_journaled, 1024u * 768 * 4) << "the model's weights were not written in place";
+  EXPECT_GE(report.bytes_journaled, 4096u * 1536 * 4) << "the model's weights were not written in place";
   EXPECT_EQ(report.sha256, copy_report.sha256);
   EXPECT_EQ(describe_difference(copied.snapshot(), streamed.snapshot()), "");
   EXPECT_EQ(streamed.counters.step, 3);
@@ -179,12 +180,32 @@ TEST(ResumeInPlace, WithAnExpectedDigestTheComponentDigestsAreNotRecomputed) {
   EXPECT_EQ(describe_difference(copied.snapshot(), streamed.snapshot()), "");
 }
 
-TEST(ResumeInPlace, AutomaticChoosesThePrivateCopyForSmallFiles) {
+TEST(ResumeInPlace, AutomaticChoosesThePrivateCopyWhereItFits) {
   TempDir dir;
   const auto path = saved_run(dir);
   ASSERT_LT(std::filesystem::file_size(path), kInPlaceResumeBytes);
   Trainee target(8);
   EXPECT_FALSE(target.state.load_checkpoint(path).in_place);
+  EXPECT_FALSE(target.state.resumes_in_place(kInPlaceResumeBytes - 1, ResumeMemory::automatic));
+  EXPECT_FALSE(target.state.resumes_in_place(kInPlaceResumeBytes, ResumeMemory::automatic))
+      << "a 256 MiB file fits in this machine's memory";
+  EXPECT_TRUE(target.state.resumes_in_place(available_memory_bytes(), ResumeMemory::automatic));
+  EXPECT_TRUE(target.state.resumes_in_place(1, ResumeMemory::in_place));
+  EXPECT_FALSE(target.state.resumes_in_place(std::uint64_t{1} << 50, ResumeMemory::private_copy));
+}
+
+TEST(ResumeInPlace, AvailableMemoryIsBoundedByTheMachine) {
+  const std::uint64_t available = available_memory_bytes();
+  EXPECT_GT(available, 0u);
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  std::string unit;
+  std::uint64_t total = 0;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemTotal:") total = kib * 1024;
+  }
+  EXPECT_LE(available, total);
 }
 
 // ---- refusals: the live state stays exactly as it was ----------------------

@@ -81,8 +81,10 @@ struct CheckpointSaveOptions {
 // How a resume holds the file while it checks it (docs/resume-contract.md,
 // "Resuming in place").
 enum class ResumeMemory : std::uint8_t {
-  // in_place for files of kInPlaceResumeBytes or more when the model is on
-  // the CPU, private_copy otherwise.
+  // in_place when the private copy would not fit: a file of
+  // kInPlaceResumeBytes or more, larger (plus a quarter) than the memory
+  // still available to the process (available_memory_bytes), with the model
+  // on the CPU; private_copy otherwise, which is faster where it fits.
   automatic,
   // The whole file is read into private memory, checked, and applied from
   // there: fastest for small files; needs memory for the whole file on top of
@@ -98,9 +100,12 @@ enum class ResumeMemory : std::uint8_t {
   in_place,
 };
 
-// Files at least this large resume in place under ResumeMemory::automatic
-// (measured: bench/RESULTS.md, "Resume in place").
+// Files smaller than this never resume in place under ResumeMemory::automatic.
 inline constexpr std::uint64_t kInPlaceResumeBytes = std::uint64_t{256} << 20;
+
+// The memory this process may still take: MemAvailable, or less where the
+// memory cgroup it runs in (v1 or v2) has less left under its limit.
+std::uint64_t available_memory_bytes();
 
 struct CheckpointLoadOptions {
   Limits limits;
@@ -204,7 +209,7 @@ class TrainingState {
   PreparedCheckpoint prepare_save(const CheckpointSaveOptions& options = {}, const StateStager& stage = {}) const;
   LoadReport load_checkpoint(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   // Whether load_checkpoint resumes a file of `file_bytes` in place under
-  // `memory` (automatic: from kInPlaceResumeBytes, with the model on the CPU).
+  // `memory` (see ResumeMemory::automatic).
   bool resumes_in_place(std::uint64_t file_bytes, ResumeMemory memory) const;
   LoadReport load_model_state(const std::filesystem::path& path, const CheckpointLoadOptions& options = {});
   // With `trust`, the file's signature is checked, and its bytes held to the

@@ -226,10 +226,9 @@ void InPlaceFill::journal(std::byte* live, std::uint64_t size) {
     }
     done += static_cast<std::uint64_t>(put);
   }
-  // Start writeback now, so that the journal's pages can leave memory when
-  // memory is short instead of waiting for the flusher.
-  ::sync_file_range(journal_fd_.get(), static_cast<off_t>(journal_end_), static_cast<off_t>(size),
-                    SYNC_FILE_RANGE_WRITE);
+  // No writeback is started: the journal is dropped when the resume returns,
+  // and pages that never reached the disk cost no I/O. Where memory is short
+  // (a cgroup's limit) the kernel writes them back and reclaims them.
   journaled_.push_back({live, size, journal_end_});
   journal_end_ += size;
 }
@@ -257,7 +256,7 @@ void InPlaceFill::read_into(std::byte* destination, const format::AbsentRecord& 
     fail(ErrorCode::file_changed_during_read, "the ", record.size, " bytes at offset ", record.offset,
          " differ from those the verifying pass read: the file was changed after it was verified");
   }
-  bytes_filled_ += record.size;
+  bytes_filled_.fetch_add(record.size);
 }
 
 Value InPlaceFill::fill(const Value& root, const std::vector<std::pair<Component*, const Value*>>& states) {
@@ -287,17 +286,53 @@ Value InPlaceFill::fill(const Value& root, const std::vector<std::pair<Component
     check_identity();
     std::unordered_map<const std::byte*, std::uint64_t> journaled;  // live start -> bytes
     for (const Journaled& entry : journaled_) journaled.emplace(entry.live, entry.size);
+    // Every destination first: the live bytes not journaled yet go to the
+    // journal, fresh memory is mapped.
+    struct Read {
+      std::byte* to;
+      const format::AbsentRecord* record;
+      io::Buffer* fresh;
+    };
+    std::vector<Read> reads;
+    std::uint64_t total = 0;
     for (auto& [identity, record, destination] : order) {
       if (destination->live) {
         const auto found = journaled.find(destination->live);
         if (found == journaled.end() || found->second < record->size) journal(destination->live, record->size);
-        read_into(destination->live, *record);
-        continue;
+        reads.push_back({destination->live, record, nullptr});
+      } else {
+        fresh->buffers.push_back(io::Buffer::allocate(static_cast<std::size_t>(record->size)));
+        reads.push_back({fresh->buffers.back()->data(), record, fresh->buffers.back().get()});
       }
-      auto buffer = io::Buffer::allocate(static_cast<std::size_t>(record->size));
-      read_into(buffer->data(), *record, buffer.get());
-      fresh->buffers.push_back(std::move(buffer));
+      total += record->size;
     }
+    // Then the reads, on two threads: reading from the page cache, the tags
+    // and faulting in fresh memory each take a core's time. This thread takes
+    // the records up to half the bytes, a helper the rest.
+    std::size_t split = 0;
+    for (std::uint64_t running = 0; split < reads.size() && running < total / 2; ++split) running += reads[split].record->size;
+    std::exception_ptr helper_failure;
+    std::thread helper;
+    if (split < reads.size() && total >= kParallelReadBytes) {
+      helper = std::thread([&] {
+        try {
+          for (std::size_t i = split; i < reads.size(); ++i) read_into(reads[i].to, *reads[i].record, reads[i].fresh);
+        } catch (...) {
+          helper_failure = std::current_exception();
+        }
+      });
+    } else {
+      split = reads.size();
+    }
+    std::exception_ptr own_failure;
+    try {
+      for (std::size_t i = 0; i < split; ++i) read_into(reads[i].to, *reads[i].record, reads[i].fresh);
+    } catch (...) {
+      own_failure = std::current_exception();
+    }
+    if (helper.joinable()) helper.join();
+    if (own_failure) std::rethrow_exception(own_failure);
+    if (helper_failure) std::rethrow_exception(helper_failure);
     // The tree's tensors view the destinations. Fresh memory is handed over
     // (the component may take it as its live state); live memory is not.
     std::size_t next_fresh = 0;

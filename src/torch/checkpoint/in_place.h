@@ -12,7 +12,8 @@
 //   - elsewhere: into fresh memory, handed over (Storage::handed_over), which
 //     an optimizer adopts as its new state instead of copying it; other
 //     components copy from it.
-// Each storage is read in pieces of kPieceBytes into its destination and its
+// Each storage is read in pieces of kPieceBytes into its destination (on two
+// threads, each taking half the bytes) and its
 // tag is computed over the bytes as they lie there; a tag that differs (the
 // file changed after the first pass) or a failed read puts the journal back
 // and throws file_changed_during_read or io_read_failed. Before any byte
@@ -37,7 +38,7 @@
 // Memory: the pieces are the live tensors' own; besides them, the tree's
 // metadata and the journal's index.
 //
-// Thread-safety: one thread.
+// Thread-safety: one thread calls; the second pass reads on two.
 #pragma once
 
 #include <sys/stat.h>
@@ -60,6 +61,8 @@
 namespace holdpoint::checkpoint {
 
 inline constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
+// Below this many bytes the second pass reads on one thread.
+inline constexpr std::uint64_t kParallelReadBytes = std::uint64_t{32} << 20;
 
 class InPlaceFill {
  public:
@@ -123,7 +126,7 @@ class InPlaceFill {
   std::exception_ptr background_failure_;
   std::atomic<bool> stop_background_{false};
   std::vector<Value> journal_sources_;  // the captures the background journal reads
-  std::uint64_t bytes_filled_ = 0;
+  std::atomic<std::uint64_t> bytes_filled_{0};
 };
 
 }  // namespace holdpoint::checkpoint
