@@ -28,9 +28,10 @@
 //
 // The journal is an unnamed file (O_TMPFILE) in `journal_directory`, the
 // checkpoint's own folder by default: it holds the old bytes of the live
-// tensors written over, its pages are sent to the disk as they are written
-// (sync_file_range) so that they can leave memory, and it is gone when the
-// resume ends, whatever the outcome. journal_in_background() writes it on a
+// tensors written over, and it is gone when the resume ends, whatever the
+// outcome. Its pages are left to the page cache: those never written back
+// cost no I/O, and under a memory limit the kernel writes them back and
+// reclaims them. journal_in_background() writes it on a
 // second thread while the first pass runs (the model's tensors are known
 // before the file is): the live state does not change during a resume, and
 // the first pass is bound by SHA-256 on one core.
