@@ -18,6 +18,7 @@
 
 #include "checkpoint/in_place.h"
 #include "format/resume_scan.h"
+#include "holdpoint/checkpoint/checkpoint_manager.h"
 #include "holdpoint/checkpoint/training_state.h"
 #include "holdpoint/state/module_state.h"
 #include "holdpoint/state/optimizer_state.h"
@@ -206,6 +207,44 @@ TEST(ResumeInPlace, AvailableMemoryIsBoundedByTheMachine) {
     if (key == "MemTotal:") total = kib * 1024;
   }
   EXPECT_LE(available, total);
+}
+
+TEST(ResumeInPlace, ACheckpointManagerResumesLatestInPlaceAgainstTheRunIndex) {
+  TempDir dir;
+  {
+    Trainee source(1);
+    source.train(2);
+    CheckpointManager manager(dir / "run", source.state);
+    GenerationSpec spec;
+    spec.step = source.counters.step;
+    manager.save(spec);
+    manager.wait();
+  }
+  Trainee copied(7);
+  CheckpointManagerOptions copy_options;
+  copy_options.resume_memory = ResumeMemory::private_copy;
+  const auto copy_report = CheckpointManager(dir / "run", copied.state, copy_options).resume();
+  ASSERT_TRUE(copy_report.has_value());
+  EXPECT_FALSE(copy_report->in_place);
+
+  Trainee streamed(8);
+  CheckpointManagerOptions options;
+  options.resume_memory = ResumeMemory::in_place;
+  options.journal_directory = dir.path();
+  const auto report = CheckpointManager(dir / "run", streamed.state, options).resume();
+  ASSERT_TRUE(report.has_value());
+  EXPECT_TRUE(report->in_place);
+  EXPECT_EQ(report->sha256, copy_report->sha256);
+  EXPECT_EQ(describe_difference(copied.snapshot(), streamed.snapshot()), "");
+
+  // LATEST's bytes changed after the run was opened (its recovery checked
+  // them): the resume refuses them against the digest the index records.
+  Trainee refused(9);
+  CheckpointManager manager(dir / "run", refused.state, options);
+  poke(report->path, inside_largest_record(report->path));
+  const Value before = refused.snapshot();
+  EXPECT_ERROR_CODE(manager.resume(), ErrorCode::sha256_mismatch);
+  EXPECT_EQ(describe_difference(before, refused.snapshot()), "");
 }
 
 // ---- refusals: the live state stays exactly as it was ----------------------
