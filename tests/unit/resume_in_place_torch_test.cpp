@@ -348,7 +348,7 @@ TEST(ResumeInPlace, BytesThatDifferFromTheFirstPassAreRefusedAndTheJournalRestor
   Trainee target(8);
   target.train(1);
   const Value before = target.snapshot();
-  checkpoint::InPlaceFill fill(file, identity, path, dir.path());
+  checkpoint::InPlaceFill fill(file, identity, dir.path());
   fill.set_records(std::move(scan.absent));
   std::vector<std::pair<Component*, const Value*>> states;
   const Value& root = scan.mapping.root;

@@ -53,24 +53,20 @@
 #include <unordered_map>
 #include <vector>
 
-#include "base/file_descriptor.h"
-#include "holdpoint/base/snapshot.h"
-#include "format/resume_scan.h"
+#include "format/in_place_source.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/state/component.h"
 
 namespace holdpoint::checkpoint {
 
-inline constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
 // Below this many bytes the second pass reads on one thread.
 inline constexpr std::uint64_t kParallelReadBytes = std::uint64_t{32} << 20;
 
 class InPlaceFill {
  public:
-  // `file` is the descriptor the first pass read (kept open), `identity` the
+  // `file` is the descriptor the first pass reads (kept open), `identity` the
   // fstat taken when it was opened.
-  InPlaceFill(const io::RegularFile& file, const struct stat& identity, std::filesystem::path path,
-              std::filesystem::path journal_directory);
+  InPlaceFill(const io::RegularFile& file, const struct stat& identity, std::filesystem::path journal_directory);
   ~InPlaceFill();
   InPlaceFill(const InPlaceFill&) = delete;
   InPlaceFill& operator=(const InPlaceFill&) = delete;
@@ -80,12 +76,11 @@ class InPlaceFill {
   // fill(), before any byte moves.
   void journal_in_background(const std::vector<Component*>& components);
   // The first pass's records of the absent storages.
-  void set_records(std::unordered_map<const void*, format::AbsentRecord> absent) { absent_ = std::move(absent); }
-
-  // The absent storages' digests of `kind` by identity, for component
-  // digests: the first pass's XXH3-128, or SHA-256 read again from the file
-  // (files that predate "storage_digest").
-  StorageDigests storage_digests(StorageDigestKind kind) const;
+  void set_records(std::unordered_map<const void*, format::AbsentRecord> absent) {
+    source_.set_records(std::move(absent));
+  }
+  // The absent storages' digests (format::InPlaceSource::storage_digests).
+  StorageDigests storage_digests(StorageDigestKind kind) const { return source_.storage_digests(kind); }
 
   // `states` are the components' validated states in `root`, each with its
   // component. Returns `root` with every absent storage filled.
@@ -93,41 +88,21 @@ class InPlaceFill {
 
   // Puts the journaled bytes back into the live tensors, newest first.
   // Returns what failed ("" when nothing did).
-  std::string restore() noexcept;
+  std::string restore() noexcept { return source_.restore(); }
 
-  std::uint64_t bytes_filled() const noexcept { return bytes_filled_; }
-  std::uint64_t bytes_journaled() const noexcept { return journal_end_; }
+  std::uint64_t bytes_filled() const noexcept { return source_.bytes_filled(); }
+  std::uint64_t bytes_journaled() const noexcept { return source_.bytes_journaled(); }
 
  private:
   struct Destination {
-    std::byte* live = nullptr;             // the live tensor's bytes, or null: fresh memory
-    std::shared_ptr<const void> owner;     // keeps `live` alive
-  };
-  struct Journaled {
-    std::byte* live;
-    std::uint64_t size;
-    std::uint64_t at;  // in the journal
+    std::byte* live = nullptr;          // the live tensor's bytes, or null: fresh memory
+    std::shared_ptr<const void> owner;  // keeps `live` alive
   };
 
   void plan(const Value& file, const Value& live, std::unordered_map<const void*, Destination>& plan) const;
-  void check_identity() const;
-  void journal(std::byte* live, std::uint64_t size);
-  void finish_background_journal();
-  void read_into(std::byte* destination, const format::AbsentRecord& record, io::Buffer* fresh = nullptr);
 
-  const io::RegularFile& file_;
-  struct stat identity_;
-  std::filesystem::path path_;
-  std::unordered_map<const void*, format::AbsentRecord> absent_;
-  std::filesystem::path journal_directory_;
-  io::FileDescriptor journal_fd_;
-  std::uint64_t journal_end_ = 0;
-  std::vector<Journaled> journaled_;
-  std::thread background_;
-  std::exception_ptr background_failure_;
-  std::atomic<bool> stop_background_{false};
+  format::InPlaceSource source_;
   std::vector<Value> journal_sources_;  // the captures the background journal reads
-  std::atomic<std::uint64_t> bytes_filled_{0};
 };
 
 }  // namespace holdpoint::checkpoint

@@ -340,7 +340,7 @@ LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, con
   ::fstat(file.fd.get(), &identity);
   std::filesystem::path journal_directory = options.journal_directory;
   if (journal_directory.empty()) journal_directory = std::filesystem::absolute(path).parent_path();
-  checkpoint::InPlaceFill fill(file, identity, path, journal_directory);
+  checkpoint::InPlaceFill fill(file, identity, journal_directory);
   // The model's bytes go to the journal while the first pass hashes the file.
   fill.journal_in_background(components_);
   format::ResumeScan scan;
