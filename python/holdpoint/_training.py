@@ -444,6 +444,96 @@ def _validate_optimizer(optimizer: Any, state: Any) -> None:
                                    f"its parameter {list(by_id[key].shape)}")
 
 
+# Files smaller than this never resume in place under memory="automatic".
+IN_PLACE_RESUME_BYTES = 256 << 20
+
+
+class _InPlaceTensors(TensorFactory):
+    """The tensor factory of a resume in place: a tensor the first pass left in
+    the file becomes a meta tensor (shape and dtype, no memory) until fill()
+    gives it its bytes."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        # id(meta tensor) -> (tensor, record, bytes, dtype, shape, stride, offset, requires_grad, is_parameter)
+        self.absent: dict[int, tuple] = {}
+        self.records: dict[int, Any] = {}  # record -> the tensor holding its bytes
+        self.filled: set[int] = set()      # ids of the tensors fill() returned
+
+    def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):
+        if isinstance(buffer, tuple) and buffer and buffer[0] == "absent":
+            torch: Any = self.torch
+            torch_dtype = self.dtypes.get(dtype) or self._torch_dtype(dtype)
+            meta = torch.empty_strided(shape, stride, dtype=torch_dtype, device="meta")
+            self.absent[id(meta)] = (meta, buffer[1], buffer[2], torch_dtype, tuple(shape), tuple(stride), offset,
+                                     requires_grad, is_parameter)
+            return meta
+        return super().__call__(buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy)
+
+    def fill(self, value: Any, resume: Any, live: Any = None) -> Any:
+        """`value` with every meta tensor replaced by one holding its bytes: the
+        live tensor at the same key of `live` (a model's state dict) where it
+        has the same dtype, shape and layout and the record is its alone, else
+        fresh memory."""
+        if _is_tensor(value):
+            entry = self.absent.get(id(value))
+            if entry is None:
+                return value
+            _, record, nbytes, dtype, shape, stride, offset, requires_grad, is_parameter = entry
+            torch: Any = self.torch
+            target = None
+            if (live is not None and _is_tensor(live) and record not in self.records and live.device.type == "cpu"
+                    and live.dtype == dtype and tuple(live.shape) == shape and live.is_contiguous() and offset == 0
+                    and live.numel() * live.element_size() == nbytes and tuple(live.stride()) == stride):
+                resume.fill(record, live.data_ptr(), nbytes, True)
+                self.records[record] = live
+                target = live
+            else:
+                holder = self.records.get(record)
+                if holder is None or holder.dtype != torch.uint8:
+                    holder = torch.empty(nbytes, dtype=torch.uint8)
+                    resume.fill(record, holder.data_ptr(), nbytes, False)
+                    self.records[record] = holder
+                target = holder.view(dtype).as_strided(shape, stride, offset)
+                if is_parameter:
+                    target = torch.nn.Parameter(target, requires_grad=requires_grad)
+                elif requires_grad:
+                    target.requires_grad_(True)
+            self.filled.add(id(target))
+            return target
+        if isinstance(value, dict):
+            out = type(value)() if type(value) is not dict else {}
+            for key, item in value.items():
+                out[key] = self.fill(item, resume, live.get(key) if isinstance(live, Mapping) else None)
+            if hasattr(value, "_metadata"):
+                out._metadata = value._metadata  # type: ignore[attr-defined]
+            return out
+        if isinstance(value, list):
+            return [self.fill(item, resume) for item in value]
+        if isinstance(value, tuple):
+            return tuple(self.fill(item, resume) for item in value)
+        return value
+
+
+def _owned_except(value: Any, filled: set) -> Any:
+    """_owned, leaving alone the tensors a resume in place filled (live ones,
+    or fresh memory nothing else holds)."""
+    if _is_tensor(value):
+        return value if id(value) in filled else value.clone()
+    if isinstance(value, dict):
+        out = type(value)() if type(value) is not dict else {}
+        for key, item in value.items():
+            out[key] = _owned_except(item, filled)
+        if hasattr(value, "_metadata"):
+            out._metadata = value._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(value, list):
+        return [_owned_except(item, filled) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_owned_except(item, filled) for item in value)
+    return value
+
+
 def _validate(component: Any, state: Any) -> None:
     torch = sys.modules.get("torch")
     if hasattr(component, "validate_state_dict"):
@@ -594,7 +684,7 @@ class TrainingState:
         return run._run.commit(self.capture(), step, epoch, kind, dict(metrics or {}), self._spec(), tensor_parts)
 
     def load(self, path: Any, *, expected_sha256: Optional[str] = None, limits: Optional[Mapping[str, Any]] = None,
-             trust: Any = None) -> dict:
+             trust: Any = None, memory: str = "automatic", journal_directory: Any = None) -> dict:
         """Resumes from ``path``: every check first, then every component, or nothing.
 
         Checked in order, before anything changes: the whole-file SHA-256 against
@@ -607,10 +697,24 @@ class TrainingState:
         fails, those applied are put back as they were and ``state_apply_failed`` is
         raised. Returns ``{"profile", "step", "sha256", "digest_checked", "drift",
         "restored", ...}``. ``trust`` (a :class:`holdpoint.TrustPolicy`) checks the
-        file's signature before anything else."""
+        file's signature before anything else.
+
+        ``memory`` chooses how the file is held while it is checked
+        (docs/resume-contract.md, "Resuming in place"): ``"private_copy"`` reads it
+        whole into memory; ``"in_place"`` verifies it in a first pass that keeps only
+        its small records, then reads each large tensor straight into the model's
+        own tensor (its old bytes journaled in ``journal_directory``, the file's
+        folder by default) or into memory the optimizer takes, checking every byte
+        against a tag the first pass took; ``"automatic"`` (the default) goes in
+        place when the private copy would not fit in the memory left. The report's
+        ``"in_place"`` says which ran."""
         import os
 
         self._require_components()
+        if memory not in ("automatic", "private_copy", "in_place"):
+            raise Error(f"memory must be 'automatic', 'private_copy' or 'in_place', not {memory!r}", "invalid_argument")
+        if self._resumes_in_place(path, memory):
+            return self._load_in_place(path, expected_sha256, limits, trust, journal_directory)
         names = list(self._components)
         states, report = _native.load_training_state(os.fspath(path), expected_sha256,
                                                      dict(limits) if limits else None, self._spec(), names,
@@ -643,6 +747,85 @@ class TrainingState:
         if report["drift"] is not None:
             self._pending_drift = report["drift"]
         report["restored"] = order
+        report["in_place"] = False
+        return report
+
+    def _resumes_in_place(self, path: Any, memory: str) -> bool:
+        import os
+
+        if memory != "automatic":
+            return memory == "in_place"
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return False
+        return (size >= IN_PLACE_RESUME_BYTES and self._facts()["model_on_cpu"]
+                and size + size // 4 > _native.available_memory_bytes())
+
+    def _load_in_place(self, path: Any, expected_sha256: Optional[str], limits: Optional[Mapping[str, Any]],
+                       trust: Any, journal_directory: Any) -> dict:
+        import os
+
+        torch = sys.modules.get("torch")
+        if torch is None:
+            raise Error("a resume in place needs torch", "invalid_argument")
+        names = list(self._components)
+        folder = os.fspath(journal_directory) if journal_directory is not None else \
+            os.path.dirname(os.path.abspath(os.fspath(path)))
+        resume = _native.InPlaceResume(os.fspath(path), folder)
+        # The models' tensors, which the second pass may write over, are
+        # journaled while the first pass hashes the file.
+        live_states = {name: c.state_dict() for name, c in self._components.items()
+                       if isinstance(c, torch.nn.Module)}
+        resume.journal_in_background([(t.data_ptr(), t.numel() * t.element_size())
+                                      for state in live_states.values() for t in state.values()
+                                      if _is_tensor(t) and t.device.type == "cpu" and t.is_contiguous()
+                                      and t.numel() > 0])
+        factory = _InPlaceTensors()
+        states, report = resume.scan(expected_sha256, dict(limits) if limits else None, self._spec(), names,
+                                     factory, native_trust(trust))
+        order = sorted(names, key=lambda n: (_APPLY_RANK.get(n, 100), names.index(n)))
+        try:
+            for name in order:
+                _validate(self._components[name], states[name])
+        except Error as error:
+            raise Error(f"{os.fspath(path)}: {error.detail}", error.code, os.fspath(path), error.detail) from None
+        applied: list[tuple[str, Any]] = []
+        current = None
+        try:
+            # The second pass: nothing has changed before it.
+            resume.begin()
+            for name in order:
+                states[name] = factory.fill(states[name], resume, live_states.get(name))
+            for name in order:
+                current = name
+                component = self._components[name]
+                # A model's old bytes are in the journal; the rest are copied.
+                applied.append((name, None if name in live_states else copy.deepcopy(component.state_dict())))
+                component.load_state_dict(_owned_except(states[name], factory.filled))
+        except Exception as failure:  # noqa: BLE001 (every failure rolls back)
+            unrestored = []
+            for done, saved in reversed(applied):
+                if saved is None:
+                    continue
+                try:
+                    self._components[done].load_state_dict(saved)
+                except Exception:  # noqa: BLE001 (the others are still put back)
+                    unrestored.append(done)
+            journal = resume.restore()
+            if journal:
+                unrestored.append("the journaled model bytes" + journal)
+            if isinstance(failure, Error) and current is None:
+                raise  # refused before anything was applied
+            outcome = (f"not restored: {', '.join(unrestored)}" if unrestored
+                       else "every component applied was restored")
+            detail = f"applying component '{current}' failed ({type(failure).__name__}: {failure}); {outcome}"
+            raise Error(f"{os.fspath(path)}: {detail}", "state_apply_failed", os.fspath(path), detail) from failure
+        if report["drift"] is not None:
+            self._pending_drift = report["drift"]
+        report["restored"] = order
+        report["in_place"] = True
+        report["bytes_journaled"] = resume.bytes_journaled
         return report
 
     def resume(self, run: Any, generation: str = "latest") -> dict:

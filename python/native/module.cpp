@@ -43,6 +43,10 @@
 #include "holdpoint/schema/resume_profile.h"
 
 #include "base/fail.h"
+#include "base/regular_file.h"
+#include "format/in_place_source.h"
+#include "format/resume_scan.h"
+#include "holdpoint/base/memory.h"
 #include "format/pt_writer.h"
 #include "format/publish_file.h"
 #include "schema/checkpoint_bytes.h"
@@ -223,7 +227,10 @@ struct StorageBuffer {
 
 class ToPython {
  public:
-  explicit ToPython(py::object make_tensor) : make_tensor_(std::move(make_tensor)) {}
+  // `absent`, for a resume in place: the record index of each storage the
+  // first pass left out; its tensors get ("absent", index, bytes) as buffer.
+  explicit ToPython(py::object make_tensor, const std::unordered_map<const void*, std::size_t>* absent = nullptr)
+      : make_tensor_(std::move(make_tensor)), absent_(absent) {}
 
   py::object convert(const Value& value) {
     switch (value.kind()) {
@@ -274,7 +281,15 @@ class ToPython {
     // One buffer per storage, so that views of one storage share it in Python too.
     // A scan (inspect) keeps no bytes: the factory then gets None.
     py::object& buffer = buffers_[t.storage->identity()];
-    if (!buffer) buffer = t.storage->has_bytes() ? py::cast(StorageBuffer{t.storage}) : py::object(py::none());
+    if (!buffer) {
+      if (t.storage->has_bytes()) {
+        buffer = py::cast(StorageBuffer{t.storage});
+      } else if (absent_ && absent_->count(t.storage->identity())) {
+        buffer = py::make_tuple("absent", absent_->at(t.storage->identity()), t.storage->nbytes());
+      } else {
+        buffer = py::none();
+      }
+    }
     py::tuple shape(t.sizes.size()), stride(t.strides.size());
     for (std::size_t d = 0; d < t.sizes.size(); ++d) {
       shape[d] = py::int_(t.sizes[d]);
@@ -285,6 +300,7 @@ class ToPython {
   }
 
   py::object make_tensor_;
+  const std::unordered_map<const void*, std::size_t>* absent_;
   std::unordered_map<const void*, py::object> buffers_;
 };
 
@@ -785,6 +801,123 @@ py::tuple load_training_state(const std::filesystem::path& path, const py::objec
   return py::make_tuple(components, report);
 }
 
+// ---- resume in place ----------------------------------------------------------------------
+
+// TrainingState.load(memory="in_place") (docs/python.md): the first pass
+// (format::scan_for_resume) and the checks that need no live object, then
+// the second pass record by record into memory Python chose
+// (format::InPlaceSource).
+class InPlaceResume {
+ public:
+  InPlaceResume(const std::filesystem::path& path, const std::filesystem::path& journal_directory)
+      : path_(path), file_(io::open_regular_for_reading(path)) {
+    ::fstat(file_.fd.get(), &identity_);
+    source_.emplace(file_, identity_, journal_directory);
+  }
+
+  // (address, bytes) of live tensors a fill may write over, journaled while scan() runs.
+  void journal_in_background(const std::vector<std::pair<std::uintptr_t, std::uint64_t>>& ranges) {
+    std::vector<std::pair<std::byte*, std::uint64_t>> live;
+    for (const auto& [address, size] : ranges) live.emplace_back(reinterpret_cast<std::byte*>(address), size);
+    source_->journal_in_background(std::move(live));
+  }
+
+  py::tuple scan(const py::object& expected_sha256, const py::object& limits, const py::dict& spec,
+                 const std::vector<std::string>& names, const py::object& make_tensor, const py::object& trust) {
+    FromPython from_python(py::cpp_function([](const py::handle&) { return py::none(); }));
+    const RunSpec run = run_spec(spec, from_python);
+    const LoadOptions options = load_options(expected_sha256, limits, trust);
+    format::ResumeScan scanned;
+    schema::ResumeCheck check;
+    {
+      py::gil_scoped_release released;
+      try {
+        scanned = format::scan_for_resume(file_, path_, options, kKeptRecordBudget);
+        source_->set_records(std::move(scanned.absent));
+        schema::ResumeExpectation expectation;
+        expectation.config = run.config;
+        expectation.components = names;
+        expectation.facts = run.facts;
+        expectation.digest_checked = scanned.mapping.digest_checked;
+        expectation.known_storage_digests = [this](StorageDigestKind kind) { return source_->storage_digests(kind); };
+        check = schema::check_resume_root(scanned.mapping.root, expectation);
+      } catch (const Error& error) {
+        throw error.with_path(path_.string());
+      }
+    }
+    std::unordered_map<const void*, std::size_t> absent;
+    for (const auto& [identity, record] : source_->records()) {
+      absent.emplace(identity, records_.size());
+      records_.push_back(&record);
+    }
+    ToPython to_python(make_tensor, &absent);
+    py::dict components;
+    for (const std::string& name : names) {
+      components[py::str(name)] = to_python.convert(scanned.mapping.root.as_dict().at(name));
+    }
+    mapping_ = std::move(scanned.mapping);  // the kept records' bytes live on in the StorageBuffers
+    py::dict report = mapping_info(mapping_);
+    report["profile"] = check.manifest.profile;
+    report["step"] = schema::progress_step_of(mapping_.root);
+    if (check.max_epochs_growth) {
+      py::dict drift;
+      drift["field"] = "max_epochs";
+      drift["from"] = check.max_epochs_growth->saved;
+      drift["to"] = check.max_epochs_growth->live;
+      drift["at_step"] = schema::progress_step_of(mapping_.root);
+      report["drift"] = drift;
+    } else {
+      report["drift"] = py::none();
+    }
+    report["versions"] = py::make_tuple(check.manifest.holdpoint_version, check.manifest.libtorch_version);
+    return py::make_tuple(components, report);
+  }
+
+  // Before the first byte moves: the background journal, the file's identity.
+  void begin() {
+    py::gil_scoped_release released;
+    try {
+      source_->begin();
+    } catch (const Error& error) {
+      throw error.with_path(path_.string());
+    }
+  }
+
+  // Reads record `index` into the `bytes` at `address` (exactly its size),
+  // journaling them first when they are live.
+  void fill(std::size_t index, std::uintptr_t address, std::uint64_t bytes, bool live) {
+    if (index >= records_.size() || records_[index]->size != bytes) {
+      fail_argument("fill: record " + std::to_string(index) + " of " + std::to_string(bytes) + " bytes does not exist");
+    }
+    auto* destination = reinterpret_cast<std::byte*>(address);
+    py::gil_scoped_release released;
+    try {
+      if (live) source_->journal_unless_held(destination, bytes);
+      source_->read_into(destination, *records_[index]);
+    } catch (const Error& error) {
+      throw error.with_path(path_.string());
+    }
+  }
+
+  std::string restore() {
+    py::gil_scoped_release released;
+    return source_->restore();
+  }
+
+  std::uint64_t bytes_journaled() const { return source_->bytes_journaled(); }
+
+ private:
+  // What the first pass keeps of the small records (format/resume_scan.h).
+  static constexpr std::uint64_t kKeptRecordBudget = std::uint64_t{64} << 20;
+
+  std::filesystem::path path_;
+  io::RegularFile file_;
+  struct stat identity_ {};
+  std::optional<format::InPlaceSource> source_;
+  std::vector<const format::AbsentRecord*> records_;
+  LoadedMapping mapping_;
+};
+
 // ---- run directories ------------------------------------------------------------------------
 
 py::dict generation_dict(const GenerationInfo& g) {
@@ -1038,6 +1171,17 @@ PYBIND11_MODULE(_native, m) {
         py::arg("sidecar"), py::arg("durable"), py::arg("tensor_parts"));
   m.def("load_training_state", &load_training_state, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"),
         py::arg("spec"), py::arg("names"), py::arg("make_tensor"), py::arg("trust") = py::none());
+  m.def("available_memory_bytes", &available_memory_bytes);
+  py::class_<InPlaceResume>(m, "InPlaceResume")
+      .def(py::init<const std::filesystem::path&, const std::filesystem::path&>(), py::arg("path"),
+           py::arg("journal_directory"))
+      .def("journal_in_background", &InPlaceResume::journal_in_background, py::arg("ranges"))
+      .def("scan", &InPlaceResume::scan, py::arg("expected_sha256"), py::arg("limits"), py::arg("spec"),
+           py::arg("names"), py::arg("make_tensor"), py::arg("trust") = py::none())
+      .def("begin", &InPlaceResume::begin)
+      .def("fill", &InPlaceResume::fill, py::arg("index"), py::arg("address"), py::arg("bytes"), py::arg("live"))
+      .def("restore", &InPlaceResume::restore)
+      .def_property_readonly("bytes_journaled", &InPlaceResume::bytes_journaled);
   m.def("error_codes", [] {
     py::dict out;
     for (std::size_t i = 0; i < error_code_count(); ++i) {

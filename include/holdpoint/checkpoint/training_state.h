@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "holdpoint/base/byte_sink.h"
+#include "holdpoint/base/memory.h"
 #include "holdpoint/base/signature.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/state/component.h"
@@ -103,9 +104,6 @@ enum class ResumeMemory : std::uint8_t {
 // Files smaller than this never resume in place under ResumeMemory::automatic.
 inline constexpr std::uint64_t kInPlaceResumeBytes = std::uint64_t{256} << 20;
 
-// The memory this process may still take: MemAvailable, or less where the
-// memory cgroup it runs in (v1 or v2) has less left under its limit.
-std::uint64_t available_memory_bytes();
 
 struct CheckpointLoadOptions {
   Limits limits;
