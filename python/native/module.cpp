@@ -44,7 +44,7 @@
 
 #include "base/fail.h"
 #include "base/regular_file.h"
-#include "format/in_place_source.h"
+#include "schema/in_place_source.h"
 #include "format/resume_scan.h"
 #include "holdpoint/base/memory.h"
 #include "format/pt_writer.h"
@@ -806,7 +806,7 @@ py::tuple load_training_state(const std::filesystem::path& path, const py::objec
 // TrainingState.load(memory="in_place") (docs/python.md): the first pass
 // (format::scan_for_resume) and the checks that need no live object, then
 // the second pass record by record into memory Python chose
-// (format::InPlaceSource).
+// (schema::InPlaceSource).
 class InPlaceResume {
  public:
   InPlaceResume(const std::filesystem::path& path, const std::filesystem::path& journal_directory)
@@ -913,7 +913,7 @@ class InPlaceResume {
   std::filesystem::path path_;
   io::RegularFile file_;
   struct stat identity_ {};
-  std::optional<format::InPlaceSource> source_;
+  std::optional<schema::InPlaceSource> source_;
   std::vector<const format::AbsentRecord*> records_;
   LoadedMapping mapping_;
 };

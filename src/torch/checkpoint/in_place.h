@@ -53,7 +53,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "format/in_place_source.h"
+#include "schema/in_place_source.h"
 #include "holdpoint/schema/manifest.h"
 #include "holdpoint/state/component.h"
 
@@ -79,7 +79,7 @@ class InPlaceFill {
   void set_records(std::unordered_map<const void*, format::AbsentRecord> absent) {
     source_.set_records(std::move(absent));
   }
-  // The absent storages' digests (format::InPlaceSource::storage_digests).
+  // The absent storages' digests (schema::InPlaceSource::storage_digests).
   StorageDigests storage_digests(StorageDigestKind kind) const { return source_.storage_digests(kind); }
 
   // `states` are the components' validated states in `root`, each with its
@@ -101,7 +101,7 @@ class InPlaceFill {
 
   void plan(const Value& file, const Value& live, std::unordered_map<const void*, Destination>& plan) const;
 
-  format::InPlaceSource source_;
+  schema::InPlaceSource source_;
   std::vector<Value> journal_sources_;  // the captures the background journal reads
 };
 

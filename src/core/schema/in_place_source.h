@@ -38,7 +38,7 @@
 #include "holdpoint/base/snapshot.h"
 #include "holdpoint/schema/manifest.h"
 
-namespace holdpoint::format {
+namespace holdpoint::schema {
 
 inline constexpr std::size_t kPieceBytes = std::size_t{8} << 20;
 
@@ -57,8 +57,8 @@ class InPlaceSource {
   // thread's failure.
   void journal_in_background(std::vector<std::pair<std::byte*, std::uint64_t>> ranges);
   // The first pass's records of the absent storages, by storage identity.
-  void set_records(std::unordered_map<const void*, AbsentRecord> records) { records_ = std::move(records); }
-  const std::unordered_map<const void*, AbsentRecord>& records() const noexcept { return records_; }
+  void set_records(std::unordered_map<const void*, format::AbsentRecord> records) { records_ = std::move(records); }
+  const std::unordered_map<const void*, format::AbsentRecord>& records() const noexcept { return records_; }
 
   // The absent storages' digests of `kind` by identity, for component
   // digests: the first pass's XXH3-128, or SHA-256 read again from the file
@@ -72,7 +72,7 @@ class InPlaceSource {
   void journal_unless_held(std::byte* live, std::uint64_t size);
   // Reads `record` into `destination` and checks its tag. `fresh`, when the
   // destination is a fresh Buffer, is faulted in a piece at a time.
-  void read_into(std::byte* destination, const AbsentRecord& record, io::Buffer* fresh = nullptr);
+  void read_into(std::byte* destination, const format::AbsentRecord& record, io::Buffer* fresh = nullptr);
   // Puts the journaled bytes back, newest first. Returns what failed ("" when
   // nothing did).
   std::string restore() noexcept;
@@ -92,7 +92,7 @@ class InPlaceSource {
   const io::RegularFile& file_;
   struct stat identity_;
   std::filesystem::path journal_directory_;
-  std::unordered_map<const void*, AbsentRecord> records_;
+  std::unordered_map<const void*, format::AbsentRecord> records_;
   io::FileDescriptor journal_fd_;
   std::uint64_t journal_end_ = 0;
   std::vector<Journaled> journaled_;
@@ -103,4 +103,4 @@ class InPlaceSource {
   std::atomic<std::uint64_t> bytes_filled_{0};
 };
 
-}  // namespace holdpoint::format
+}  // namespace holdpoint::schema

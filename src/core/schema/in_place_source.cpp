@@ -1,4 +1,4 @@
-#include "format/in_place_source.h"
+#include "schema/in_place_source.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include "base/fail.h"
 #include "holdpoint/base/sha256.h"
 
-namespace holdpoint::format {
+namespace holdpoint::schema {
 
 using detail::fail;
 
@@ -137,7 +137,7 @@ void InPlaceSource::journal(std::byte* live, std::uint64_t size) {
   journal_end_ += size;
 }
 
-void InPlaceSource::read_into(std::byte* destination, const AbsentRecord& record, io::Buffer* fresh) {
+void InPlaceSource::read_into(std::byte* destination, const format::AbsentRecord& record, io::Buffer* fresh) {
   io::Poly1305 mac(record.key);
   for (std::uint64_t done = 0; done < record.size;) {
     const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(kPieceBytes, record.size - done));
@@ -181,4 +181,4 @@ std::string InPlaceSource::restore() noexcept {
   return failures;
 }
 
-}  // namespace holdpoint::format
+}  // namespace holdpoint::schema
