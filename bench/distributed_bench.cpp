@@ -16,10 +16,23 @@
 // exactly those of W separate copies.
 //
 //   distributed_bench [--mib N] [--world W] [--repeat R] [--dir DIR] [--json FILE]
+//   distributed_bench --load [--worlds 2,4,8] [--mib N] [--repeat R] [--dir DIR] [--json FILE]
 //
 // The model is a ModuleState over 16 Linear(4096, 4*N) layers (N MiB of
 // float32 weights plus biases; default N = 1024, W = 2). Runs alternate
 // single and sharded saves R times (default 3); medians are reported.
+//
+// --load (issue 37): for each world W, one sharded save by W ranks, then R
+// rounds of three loads, each after the files' pages are dropped from the
+// page cache (POSIX_FADV_DONTNEED): `single`, one process loading an
+// unsharded generation of the same state (the baseline); `own share`, W ranks
+// each reading the step manifest and its own shard and receiving the rest
+// over the group (the default); `every shard`, W ranks each reading every
+// shard (read_every_shard). Each rank has its own module (default N = 128 so
+// that 8 ranks fit). Reported per W: bytes each rank read from files, that
+// over the state's size (target: 1/W for the sharded part), and the wall
+// times. Ranks are threads of one process sharing 2 cores here, so times
+// show the cost of the exchange, not a cluster's scaling.
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -34,6 +47,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -91,7 +107,174 @@ struct Options {
   int repeat = 3;
   std::filesystem::path dir = "bench-distributed";
   std::string json_path;
+  bool load = false;
+  std::vector<int> worlds = {2, 4, 8};
 };
+
+torch::nn::Sequential make_module(std::int64_t mib) {
+  torch::nn::Sequential module;
+  for (int i = 0; i < kLayers; ++i) module->push_back(torch::nn::Linear(kInFeatures, 4 * mib));
+  return module;
+}
+
+// Drops the pages of every file under `root` from the page cache, so the
+// next load reads them from the device.
+void drop_cached_pages(const std::filesystem::path& root) {
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file()) continue;
+    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// Runs `body(rank, group)` on `world` threads over one fresh Gloo group;
+// returns the wall time from the first rank's start (after a barrier) to
+// the last rank's end. Exits on any rank's failure.
+template <typename Body>
+double run_ranks(c10::intrusive_ptr<c10d::Store> store, const std::string& prefix, int world, Body&& body) {
+  std::vector<Clock::time_point> starts(static_cast<std::size_t>(world)), ends(starts.size());
+  std::vector<std::string> errors(starts.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+        const auto group_ptr = holdpoint::make_gloo_process_group(prefixed, r, world);
+        body(r, *group_ptr, [&] {
+          group_ptr->barrier()->wait();
+          starts[static_cast<std::size_t>(r)] = Clock::now();
+        });
+        ends[static_cast<std::size_t>(r)] = Clock::now();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    if (!errors[static_cast<std::size_t>(r)].empty()) {
+      std::cerr << "rank " << r << ": " << errors[static_cast<std::size_t>(r)] << "\n";
+      std::exit(1);
+    }
+  }
+  return std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) -
+                                       *std::min_element(starts.begin(), starts.end()))
+      .count();
+}
+
+int run_load(const Options& o) {
+  at::set_num_threads(1);
+  std::filesystem::remove_all(o.dir);
+  std::filesystem::create_directories(o.dir);
+  auto reference = make_module(o.mib);
+  std::uint64_t state_bytes = 0;
+  for (const auto& p : reference->parameters()) state_bytes += static_cast<std::uint64_t>(p.numel() * p.element_size());
+  std::printf("state: ModuleState over %d x Linear(%lld, %lld) (%.1f MiB) + per-rank sampler and generator; "
+              "ranks are threads with ProcessGroupGloo on loopback; page cache dropped before each load; "
+              "median of %d\n\n",
+              kLayers, static_cast<long long>(kInFeatures), static_cast<long long>(4 * o.mib),
+              static_cast<double>(state_bytes) / (1 << 20), o.repeat);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  json results = json::array();
+  std::printf("| world | shard bytes (all) | read per rank, own share (max) | read / state | 1/world | "
+              "read per rank, every shard | received per rank (max) | single load | own share | every shard | "
+              "own / single | every / single |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  int round = 0;
+  for (const int world : o.worlds) {
+    const auto run_path = o.dir / ("run-" + std::to_string(world));
+    const auto single_path = o.dir / ("single-" + std::to_string(world));
+    // The saves: sharded by `world` ranks, and one unsharded generation.
+    run_ranks(store, "save" + std::to_string(world), world, [&](int r, c10d::ProcessGroup& group, auto start) {
+      RankState rank(*reference, r, world);
+      holdpoint::DistributedCheckpointer checkpointer(group, rank.state, run_path);
+      start();
+      holdpoint::GenerationSpec spec;
+      spec.step = 1;
+      checkpointer.save(spec);
+    });
+    std::filesystem::path single_file;
+    {
+      RankState rank(*reference, 0, 1);
+      holdpoint::RunDirectory directory(single_path);
+      const holdpoint::PreparedCheckpoint prepared = rank.state.prepare_save();
+      holdpoint::GenerationSpec spec;
+      spec.step = 1;
+      single_file = single_path / "checkpoints" /
+                    directory.commit(spec, [&](holdpoint::io::ByteSink& sink) { prepared.write(sink); }).generation.name;
+    }
+    const auto manifest = run_path / "checkpoints" / "step-00000001.pt";
+    std::uint64_t shard_total = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(run_path / "checkpoints" / "step-00000001.shards")) {
+      shard_total += entry.file_size();
+    }
+    std::vector<double> single_s, own_s, every_s;
+    std::uint64_t own_read_max = 0, every_read_max = 0, received_max = 0;
+    std::vector<std::uint64_t> own_read(static_cast<std::size_t>(world));
+    for (int rep = 0; rep < o.repeat; ++rep) {
+      {
+        auto module = make_module(o.mib);
+        RankState rank(*module, 0, 1);
+        drop_cached_pages(single_path);
+        const auto start = Clock::now();
+        rank.state.load_checkpoint(single_file);
+        single_s.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      }
+      for (const bool every : {false, true}) {
+        std::vector<torch::nn::Sequential> modules;
+        for (int r = 0; r < world; ++r) modules.push_back(make_module(o.mib));
+        drop_cached_pages(run_path);
+        const double seconds = run_ranks(
+            store, "load" + std::to_string(++round), world, [&](int r, c10d::ProcessGroup& group, auto start) {
+              RankState rank(*modules[static_cast<std::size_t>(r)], r, world);
+              holdpoint::DistributedCheckpointer checkpointer(group, rank.state,
+                                                              o.dir / ("scratch-" + std::to_string(round)));
+              holdpoint::DistributedLoadOptions options;
+              options.read_every_shard = every;
+              start();
+              const auto report = checkpointer.load_checkpoint(manifest, options);
+              static std::mutex mutex;
+              const std::lock_guard<std::mutex> lock(mutex);
+              if (every) {
+                every_read_max = std::max(every_read_max, report.bytes_read);
+              } else {
+                own_read[static_cast<std::size_t>(r)] = report.bytes_read;
+                own_read_max = std::max(own_read_max, report.bytes_read);
+                received_max = std::max(received_max, report.bytes_received);
+              }
+            });
+        (every ? every_s : own_s).push_back(seconds);
+      }
+      std::fprintf(stderr, "world %d, round %d: single %.2f s, own share %.2f s, every shard %.2f s\n", world,
+                   rep + 1, single_s.back(), own_s.back(), every_s.back());
+    }
+    const double single = median(single_s), own = median(own_s), every = median(every_s);
+    const double share = static_cast<double>(own_read_max) / static_cast<double>(state_bytes);
+    const auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+    std::printf("| %d | %.1f MiB | %.1f MiB | %.3f | %.3f | %.1f MiB | %.1f MiB | %.2f s | %.2f s | %.2f s | %.2f | "
+                "%.2f |\n",
+                world, mib(shard_total), mib(own_read_max), share, 1.0 / world, mib(every_read_max),
+                mib(received_max), single, own, every, own / single, every / single);
+    results.push_back({{"world", world},
+                       {"state_bytes", state_bytes},
+                       {"shard_bytes", shard_total},
+                       {"own_share_read_per_rank", own_read},
+                       {"own_share_read_max", own_read_max},
+                       {"own_share_read_over_state", share},
+                       {"every_shard_read_max", every_read_max},
+                       {"received_max", received_max},
+                       {"single_seconds", single_s},
+                       {"own_share_seconds", own_s},
+                       {"every_shard_seconds", every_s}});
+    std::filesystem::remove_all(run_path);
+    std::filesystem::remove_all(single_path);
+  }
+  if (!o.json_path.empty()) std::ofstream(o.json_path) << results.dump(2) << "\n";
+  std::filesystem::remove_all(o.dir);
+  return 0;
+}
 
 }  // namespace
 
@@ -116,10 +299,23 @@ int main(int argc, char** argv) {
       o.dir = value();
     } else if (arg == "--json") {
       o.json_path = value();
+    } else if (arg == "--load") {
+      o.load = true;
+    } else if (arg == "--worlds") {
+      o.worlds.clear();
+      std::istringstream in(value());
+      for (std::string w; std::getline(in, w, ',');) o.worlds.push_back(std::stoi(w));
     } else {
-      std::cerr << "usage: distributed_bench [--mib N] [--world W] [--repeat R] [--dir DIR] [--json FILE]\n";
+      std::cerr << "usage: distributed_bench [--mib N] [--world W] [--repeat R] [--dir DIR] [--json FILE]\n"
+                   "       distributed_bench --load [--worlds 2,4,8] [--mib N] [--repeat R] [--dir DIR] [--json FILE]\n";
       return 2;
     }
+  }
+  if (o.load) {
+    bool mib_given = false;
+    for (int i = 1; i < argc; ++i) mib_given |= std::string(argv[i]) == "--mib";
+    if (!mib_given) o.mib = 128;
+    return run_load(o);
   }
   at::set_num_threads(1);
   std::filesystem::remove_all(o.dir);

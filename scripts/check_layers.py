@@ -43,18 +43,18 @@ UNITS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "schema":             ("core",  "src/core/schema",             ("format",)),
     "run":                ("core",  "src/core/run",                ("schema",)),
     "verify":             ("core",  "src/core/verify",             ("run",)),
-    # torch tier: tensor < state < checkpoint < {trainer, dist}
+    # torch tier: tensor < state < checkpoint < trainer < dist
     "tensor":             ("torch", "src/torch/tensor",            ("verify",)),
     "state":              ("torch", "src/torch/state",             ("tensor",)),
     "checkpoint":         ("torch", "src/torch/checkpoint",        ("state",)),
     "trainer":            ("torch", "src/torch/trainer",           ("checkpoint",)),
-    "dist":               ("torch", "src/torch/dist",              ("checkpoint",)),
+    "dist":               ("torch", "src/torch/dist",              ("trainer",)),
 }
 
 # How messages state each tier's order.
 ORDER_TEXT = {
     "core": "base < format < schema < run < verify",
-    "torch": "tensor < state < checkpoint < {trainer, dist}",
+    "torch": "tensor < state < checkpoint < trainer < dist",
 }
 
 # Private headers are included relative to these roots ("base/publish.h").

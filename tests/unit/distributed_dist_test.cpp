@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -24,10 +26,16 @@
 #include "holdpoint/state/sampler.h"
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/tensor/torch_tensor.h"
+#include "support/rank_threads.h"
 #include "support/test_support.h"
 
 namespace holdpoint {
 namespace {
+
+using testing::error_of;
+using testing::expect_all_ok;
+using testing::run_ranks;
+using testing::run_ranks_with_background;
 
 // ---- fixtures ----------------------------------------------------------------------------
 
@@ -116,68 +124,6 @@ DistributedCheckpointOptions options_with_counter() {
   options.rank_local = {"counter"};
   options.run.durable = false;
   return options;
-}
-
-// Runs `body(rank, group, background)` on `world` threads, each with its own
-// Gloo group pair (the second one for background saves) over one
-// HashStore. Returns each rank's exception (empty when it returned).
-using TwoGroupBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group, c10d::ProcessGroup& background)>;
-std::vector<std::exception_ptr> run_ranks_with_background(int world, const TwoGroupBody& body, bool background = true) {
-  static std::atomic<int> launches{0};
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  const std::string prefix = "t" + std::to_string(launches++);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const auto make = [&](const std::string& name) {
-          holdpoint::GlooGroupOptions options;
-          options.timeout = std::chrono::seconds(20);
-          options.threads = 1;
-          return holdpoint::make_gloo_process_group(c10::make_intrusive<c10d::PrefixStore>(prefix + name, store),
-                                                    rank, world, options);
-        };
-        auto group = make("/main");
-        auto second = background ? make("/background") : group;
-        body(rank, *group, *second);
-      } catch (...) {
-        errors[static_cast<std::size_t>(rank)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-// The same with one group per rank.
-using RankBody = std::function<void(std::int64_t rank, c10d::ProcessGroup& group)>;
-std::vector<std::exception_ptr> run_ranks(int world, const RankBody& body) {
-  return run_ranks_with_background(
-      world, [&](std::int64_t rank, c10d::ProcessGroup& group, c10d::ProcessGroup&) { body(rank, group); }, false);
-}
-
-void expect_all_ok(const std::vector<std::exception_ptr>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r]) continue;
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
-}
-
-std::optional<Error> error_of(const std::exception_ptr& error) {
-  if (!error) return std::nullopt;
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& e) {
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a holdpoint::Error: " << e.what();
-  }
-  return std::nullopt;
 }
 
 class DistributedCheckpoint : public ::testing::Test {
@@ -530,12 +476,136 @@ TEST_F(DistributedCheckpoint, TamperedShardIsRejectedOnEveryRankWithStateUntouch
       throw;
     }
   });
+  // Only rank 1 reads shard 1; the verdict is every rank's, with its code.
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto e = error_of(errors[r]);
+    ASSERT_TRUE(e) << "rank " << r << " accepted a tampered shard";
+    EXPECT_EQ(e->code(), ErrorCode::shard_digest_mismatch) << e->what();
+    EXPECT_NE(e->detail().find("rank 1: shard_digest_mismatch"), std::string::npos) << e->detail();
+    EXPECT_NE(e->detail().find("rank-00001.pt"), std::string::npos) << e->detail();
+    EXPECT_EQ(e->detail().find("rank 0: "), std::string::npos) << e->detail();
+  }
+}
+
+// read_every_shard: each rank reads and rejects the damaged shard itself.
+TEST_F(DistributedCheckpoint, TamperedShardIsRejectedByEveryReaderWhenEveryRankReadsEveryShard) {
+  save_steps(2, {2});
+  const auto shard = run_ / "checkpoints" / "step-00000002.shards" / "rank-00000.pt";
+  flip_byte(shard, size_of(shard) / 2);
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    RankSetup setup(rank);
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "other-run", options_with_counter());
+    DistributedLoadOptions options;
+    options.read_every_shard = true;
+    checkpointer.load_checkpoint(run_ / "checkpoints" / "step-00000002.pt", options);
+  });
   for (std::size_t r = 0; r < 2; ++r) {
     const auto e = error_of(errors[r]);
     ASSERT_TRUE(e) << "rank " << r << " accepted a tampered shard";
     EXPECT_EQ(e->code(), ErrorCode::shard_digest_mismatch) << e->what();
     EXPECT_NE(e->detail().find("rank 0: shard_digest_mismatch"), std::string::npos) << e->detail();
     EXPECT_NE(e->detail().find("rank 1: shard_digest_mismatch"), std::string::npos) << e->detail();
+  }
+}
+
+// Each rank reads its own shard from the file system and receives the others:
+// bytes read are the step manifest plus 1/world of the shards, and the state
+// equals what reading every shard gives.
+TEST_F(DistributedCheckpoint, EachRankReadsOnlyItsOwnShardAndReceivesTheRest) {
+  save_steps(4, {2});
+  const auto manifest = run_ / "checkpoints" / "step-00000002.pt";
+  const auto shards = run_ / "checkpoints" / "step-00000002.shards";
+  std::vector<std::uint64_t> shard_bytes;
+  std::uint64_t all_shards = 0;
+  for (std::int64_t r = 0; r < 4; ++r) {
+    shard_bytes.push_back(size_of(shards / shard_file_name(r)));
+    all_shards += shard_bytes.back();
+  }
+  const std::uint64_t manifest_bytes = size_of(manifest);
+  expect_all_ok(run_ranks(4, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    for (const bool every : {false, true}) {
+      RankSetup setup(rank);
+      setup.model.tensors["a"].fill_(-1);
+      setup.optimizer.tensors["m"].fill_(-1);
+      setup.counter.value = -1;
+      DistributedCheckpointer checkpointer(group, setup.state, root_ / (every ? "every-run" : "own-run"),
+                                           options_with_counter());
+      DistributedLoadOptions options;
+      options.read_every_shard = every;
+      const auto report = checkpointer.load_checkpoint(manifest, options);
+      if (every) {
+        EXPECT_EQ(report.shards_read, (std::vector<std::int64_t>{0, 1, 2, 3}));
+        EXPECT_EQ(report.bytes_read, manifest_bytes + all_shards);
+        EXPECT_EQ(report.bytes_received, 0u);
+      } else {
+        EXPECT_EQ(report.shards_read, std::vector<std::int64_t>{rank});
+        EXPECT_EQ(report.bytes_read, manifest_bytes + shard_bytes[static_cast<std::size_t>(rank)]);
+        EXPECT_EQ(report.bytes_received, all_shards - shard_bytes[static_cast<std::size_t>(rank)]);
+      }
+      EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, 2.0, at::kFloat)));
+      EXPECT_TRUE(at::equal(setup.optimizer.tensors["m"], at::full({2500}, 0.5, at::kDouble)));
+      EXPECT_EQ(setup.counter.value, 200 + rank);
+    }
+  }));
+}
+
+// What a receiver runs on bytes another rank read: the size, identity and
+// schema checks of a read, so a shard sent under the wrong rank or cut short
+// is refused by its own code.
+TEST_F(DistributedCheckpoint, AReceivedShardIsCheckedAsIfItWereRead) {
+  save_steps(2, {2});
+  ShardedReadOptions options;
+  const auto checkpoint = read_sharded_checkpoint(run_ / "checkpoints" / "step-00000002.pt", options);
+  ASSERT_EQ(checkpoint.shard_bytes.size(), 2u);
+  const auto& bytes0 = checkpoint.shard_bytes[0];
+  ASSERT_TRUE(bytes0 && checkpoint.shard_bytes[1]);
+  const LoadedMapping parsed = parse_shard(bytes0, checkpoint.manifest, 0, Limits{});
+  EXPECT_EQ(parsed.sha256, checkpoint.sharding().shards[0].sha256);
+  EXPECT_TRUE(parsed.root.as_dict().find("counter"));
+
+  auto short_copy = io::Buffer::allocate(bytes0->size() - 1);
+  std::memcpy(short_copy->data(), bytes0->data(), short_copy->size());
+  auto expect_code = [](ErrorCode code, const std::function<void()>& body) {
+    try {
+      body();
+      ADD_FAILURE() << "accepted; expected " << error_code_name(code);
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), code) << error.what();
+    }
+  };
+  expect_code(ErrorCode::shard_size_mismatch, [&] { parse_shard(short_copy, checkpoint.manifest, 0, Limits{}); });
+
+  // Shard 0's bytes sent as rank 1's (sizes made equal): its own manifest says rank 0.
+  Manifest lying = checkpoint.manifest;
+  lying.sharding->shards[1].size = lying.sharding->shards[0].size;
+  expect_code(ErrorCode::shard_identity_mismatch, [&] { parse_shard(bytes0, lying, 1, Limits{}); });
+  expect_code(ErrorCode::invalid_argument, [&] { parse_shard(bytes0, checkpoint.manifest, 2, Limits{}); });
+
+  // Reading no shard at all: the step manifest only.
+  options.ranks = std::vector<std::int64_t>{};
+  const auto manifest_only = read_sharded_checkpoint(run_ / "checkpoints" / "step-00000002.pt", options);
+  EXPECT_FALSE(manifest_only.shards.at(0) || manifest_only.shards.at(1));
+}
+
+// Saved by 2, loaded by 3: rank 2 reads no shard and receives both; saved
+// by 4, loaded by 2: each rank reads two.
+TEST_F(DistributedCheckpoint, AChangedWorldSplitsTheSavedShardsAmongTheNewRanks) {
+  for (const auto& [saved, live] : std::vector<std::pair<int, int>>{{2, 3}, {4, 2}}) {
+    std::filesystem::remove_all(run_);
+    save_steps(saved, {2});
+    expect_all_ok(run_ranks(live, [&, saved = saved, live = live](std::int64_t rank, c10d::ProcessGroup& group) {
+      RankSetup setup(rank);
+      DistributedCheckpointer checkpointer(group, setup.state, root_ / ("other-run-" + std::to_string(live)),
+                                           options_with_counter());
+      const auto report = checkpointer.load_checkpoint(run_ / "checkpoints" / "step-00000002.pt", allow_change());
+      std::vector<std::int64_t> expected;
+      for (std::int64_t s = 0; s < saved; ++s) {
+        if (s % live == rank) expected.push_back(s);
+      }
+      EXPECT_EQ(report.shards_read, expected);
+      EXPECT_TRUE(at::equal(setup.model.tensors["a"], at::full({4000}, 2.0, at::kFloat)));
+      EXPECT_EQ(setup.counter.value, 200 + rank % saved);
+    }));
   }
 }
 

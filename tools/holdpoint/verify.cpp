@@ -112,7 +112,7 @@ int verify_sharded(const VerifyArguments& args, const LoadedMapping& mapping, bo
       try {
         ShardedReadOptions options;
         options.expected_sha256 = mapping.sha256;
-        options.ranks = {record.rank};
+        options.ranks = std::vector<std::int64_t>{record.rank};
         ShardedCheckpoint one = read_sharded_checkpoint(args.file, options);
         if (!combined) {
           combined = std::move(one);

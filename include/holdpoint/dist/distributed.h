@@ -30,13 +30,21 @@
 // removed by the next open's recovery (or at once after a reported failure).
 //
 // Load (collective): every rank reads the step manifest (against LATEST's or
-// the given digest) and every shard (replicated pieces live in all of them),
-// checks each shard's size, SHA-256, schema and identity, merges the
-// replicated components, and runs TrainingState's checks (profile,
-// configuration identity, inventory, every component's validate). Then the
-// ranks agree: if any rank failed, every rank throws, naming the failing
-// ranks and reasons, and no rank has changed anything. Only then does each
-// rank apply its state transactionally.
+// the given digest) and its own share of the shards: saved shard s is read
+// by rank s mod world (so with an unchanged world, each rank its own shard).
+// The reader checks the shard's size, SHA-256 against the step manifest,
+// schema, identity and component digests. The ranks agree on that verdict
+// (a damaged shard fails the load on every rank, before any byte is sent),
+// then each reader broadcasts its verified bytes with their XXH3-128; every
+// receiver checks that digest and parses the shard with the same schema and
+// identity checks. Each rank then merges the replicated components and runs
+// TrainingState's checks (profile, configuration identity, inventory, every
+// component's validate). Then the ranks agree again: if any rank failed,
+// every rank throws, naming the failing ranks and reasons, and no rank has
+// changed anything. Only then does each rank apply its state
+// transactionally. A rank reads about 1/world of the bytes from the file
+// system and receives the rest over the group (DistributedLoadReport's
+// bytes_read and bytes_received; read_every_shard reads them all instead).
 //
 // World size: profile cpu-gloo-ddp-v1 requires the checkpoint's world size.
 // Another world size loads only with allow_world_size_change and a live
@@ -117,6 +125,9 @@ struct DistributedLoadOptions {
   std::optional<TrustPolicy> trust;
   // Allow a checkpoint of another world size (the live profile must be unqualified).
   bool allow_world_size_change = false;
+  // Every rank reads every shard from the file system instead of its own
+  // share (for a file system faster than the group's network).
+  bool read_every_shard = false;
 };
 
 struct DistributedLoadReport {
@@ -124,6 +135,9 @@ struct DistributedLoadReport {
   std::int64_t saved_world_size = 1;
   bool world_size_changed = false;
   std::int64_t rank_local_source = 0;  // the saved rank whose rank-local state this rank took
+  std::vector<std::int64_t> shards_read;  // the saved shards this rank read from files
+  std::uint64_t bytes_read = 0;      // from files: the step manifest and those shards
+  std::uint64_t bytes_received = 0;  // the other shards, from the ranks that read them
 };
 
 class DistributedCheckpointer {

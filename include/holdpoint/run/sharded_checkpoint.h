@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "holdpoint/base/file_system.h"
+#include "holdpoint/base/snapshot.h"
 #include "holdpoint/format/checkpoint_mapping.h"
 #include "holdpoint/format/limits.h"
 #include "holdpoint/schema/manifest.h"
@@ -82,8 +84,9 @@ struct ShardedReadOptions {
   // The signature the step manifest must carry, checked before it is read;
   // the shard digests it lists are then authenticated by it.
   std::optional<TrustPolicy> trust;
-  // Ranks whose shards to read; empty reads every shard.
-  std::vector<std::int64_t> ranks;
+  // Ranks whose shards to read; unset reads every shard, an empty list
+  // none (the step manifest only).
+  std::optional<std::vector<std::int64_t>> ranks;
   // Recompute each shard's component digests (a second pass over the bytes;
   // the file digests already chain every shard to the step manifest).
   bool check_component_digests = true;
@@ -95,6 +98,10 @@ struct ShardedCheckpoint {
   std::uint64_t manifest_bytes = 0;
   Manifest manifest;           // kind sharded; manifest.sharding is set
   std::vector<std::optional<LoadedMapping>> shards;  // by rank; set for the ranks read
+  // The file bytes of each shard read, checked against the step manifest's
+  // SHA-256 (by rank; set for the ranks read): what a distributed load sends
+  // to the ranks that did not read them.
+  std::vector<std::shared_ptr<io::Buffer>> shard_bytes;
 
   const Sharding& sharding() const { return *manifest.sharding; }
   // A replicated component, merged from every shard (all must have been read).
@@ -115,6 +122,22 @@ ShardedCheckpoint read_sharded_checkpoint(const std::filesystem::path& manifest_
 // The same on an open directory (the run directory's file system).
 ShardedCheckpoint read_sharded_checkpoint(io::Directory& directory, const std::string& manifest_name,
                                           const ShardedReadOptions& options = {});
+// Reads and checks shards `ranks` of an already-read step manifest into
+// `checkpoint` (from the step manifest's directory), as
+// read_sharded_checkpoint would have.
+void read_shards(ShardedCheckpoint& checkpoint, std::span<const std::int64_t> ranks, const Limits& limits,
+                 bool check_component_digests = true);
+
+// Parses and checks shard `rank` of `step_manifest` from bytes in memory: a
+// shard another rank read and checked against the step manifest's size and
+// SHA-256 (a distributed load, where each rank reads its own share). Runs the
+// checks a read runs after the digest: shard_size_mismatch,
+// shard_identity_mismatch, component_missing / component_unknown and, with
+// `check_component_digests`, component_digest_mismatch. The result's tensors
+// hold `bytes`.
+LoadedMapping parse_shard(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,
+                          const Limits& limits, bool check_component_digests = true);
+
 // Checks the shards of an already-read step manifest (every one).
 void verify_shards(io::Directory& directory, const Manifest& step_manifest, const Limits& limits,
                    bool check_component_digests = true);

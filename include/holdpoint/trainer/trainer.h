@@ -100,6 +100,40 @@ enum class FitOutcome : std::uint8_t {
   preempted,  // a preemption signal arrived; the state at the last step boundary is committed
 };
 
+// Where a trainer's checkpoints go when they are not one process's run
+// directory (TrainerOptions::run_directory): make_data_parallel
+// (holdpoint/dist/data_parallel.h) saves through a DistributedCheckpointer.
+// The trainer calls resume() once, before the first update; save() at the
+// cadence of TrainerOptions::checkpointing.cadence (steps and epochs) and
+// at the end of fit(); wait() before fit() returns.
+class TrainerCheckpoints {
+ public:
+  virtual ~TrainerCheckpoints() = default;
+  // Resumes the trainer's state from the run's LATEST; nothing for a run
+  // without a generation.
+  virtual std::optional<LoadReport> resume() = 0;
+  virtual void save(const GenerationSpec& spec) = 0;
+  virtual void wait() = 0;
+};
+
+// How a trainer runs as one of several data-parallel processes. Each hook
+// is collective when set: every process calls it at the same point of the
+// same update, so each must be set on every process or on none.
+struct TrainerParallelism {
+  // After the update's backward passes, before clipping and the optimizer
+  // step: replaces each parameter's gradient with the mean over the processes.
+  std::function<void(torch::nn::Module& model)> reduce_gradients;
+  // The update's mean loss on this process -> the mean over the processes
+  // (history, plateau scheduling and early stopping then agree everywhere).
+  std::function<double(double local_mean)> reduce_loss;
+  // This process's sampler's remaining count -> the least over the
+  // processes. An epoch ends on every process when any has run out (the
+  // others' few remaining rows are dropped, as DistributedSampler's uneven
+  // tail).
+  std::function<std::int64_t(std::int64_t local_remaining)> agree_remaining;
+  std::unique_ptr<TrainerCheckpoints> checkpoints;
+};
+
 class Trainer {
  public:
   using Forward = std::function<at::Tensor(const at::Tensor& inputs)>;
@@ -129,8 +163,14 @@ class Trainer {
   // it has one; fit() calls it. Returns the load report, or nothing for a run
   // without a generation. (To load a given file instead: state().load_checkpoint.)
   std::optional<LoadReport> resume();
-  // The run directory's manager (nullptr before resume()).
+  // The run directory's manager (nullptr before resume(), and when the
+  // trainer is parallel).
   CheckpointManager* checkpoints() noexcept;
+  // Makes this trainer one of several data-parallel processes (see
+  // TrainerParallelism; make_data_parallel sets it). Call before the first
+  // update. The environment is what the checkpoints record about the job
+  // (distributed, world size, rank-local generators).
+  Trainer& set_parallelism(TrainerParallelism parallelism, const TrainingEnvironment& environment);
   bool finished() const;
 
 

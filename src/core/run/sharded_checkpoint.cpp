@@ -268,14 +268,19 @@ const Manifest& manifest_checked(const Manifest& manifest, const std::string& la
 }
 
 LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_manifest, std::int64_t rank,
-                                    const Limits& limits, bool check_component_digests);
+                                    const Limits& limits, bool check_component_digests,
+                                    std::shared_ptr<io::Buffer>* bytes_out);
+LoadedMapping check_shard_bytes(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,
+                                const Limits& limits, bool check_component_digests);
 
 // Reads and checks shard `rank` of `step_manifest` from the open shard
 // directory; errors name the shard's file.
+// Where `bytes_out` is given, it receives the shard's verified file bytes.
 LoadedMapping read_shard(io::Directory& shards, const Manifest& step_manifest, std::int64_t rank,
-                         const Limits& limits, bool check_component_digests) {
+                         const Limits& limits, bool check_component_digests,
+                         std::shared_ptr<io::Buffer>* bytes_out = nullptr) {
   try {
-    return read_shard_unlabelled(shards, step_manifest, rank, limits, check_component_digests);
+    return read_shard_unlabelled(shards, step_manifest, rank, limits, check_component_digests, bytes_out);
   } catch (const Error& error) {
     if (!error.path().empty()) throw;
     throw error.with_path((shards.path() / shard_file_name(rank)).string());
@@ -283,7 +288,8 @@ LoadedMapping read_shard(io::Directory& shards, const Manifest& step_manifest, s
 }
 
 LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_manifest, std::int64_t rank,
-                                    const Limits& limits, bool check_component_digests) {
+                                    const Limits& limits, bool check_component_digests,
+                                    std::shared_ptr<io::Buffer>* bytes_out) {
   const Sharding& sharding = *step_manifest.sharding;
   const ShardRecord& record = sharding.shards.at(static_cast<std::size_t>(rank));
   const std::string name = shard_file_name(rank);
@@ -306,8 +312,19 @@ LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_
                 concat("rank ", rank, "'s shard differs from the digest its step manifest records: ", error.detail()))
         .with_path(error.path());
   }
-  LoadedMapping mapping = parse_checkpoint_bytes(snapshot.buffer->bytes(), snapshot.buffer, limits);
+  if (bytes_out) *bytes_out = snapshot.buffer;
+  LoadedMapping mapping = check_shard_bytes(std::move(snapshot.buffer), step_manifest, rank, limits,
+                                            check_component_digests);
   mapping.sha256 = snapshot.sha256;
+  return mapping;
+}
+
+LoadedMapping check_shard_bytes(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,
+                                const Limits& limits, bool check_component_digests) {
+  const Sharding& sharding = *step_manifest.sharding;
+  const std::string label = concat(shard_directory_name(sharding.step), "/", shard_file_name(rank));
+  const std::span<std::byte> span = bytes->bytes();
+  LoadedMapping mapping = parse_checkpoint_bytes(span, std::move(bytes), limits);
   const Value& root = mapping.root;
   const Manifest own = Manifest::of_root(root);
   if (own.kind != CheckpointKind::shard) {
@@ -352,8 +369,10 @@ LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_
 }
 
 std::vector<std::int64_t> ranks_to_read(const ShardedReadOptions& options, const Sharding& sharding) {
-  std::vector<std::int64_t> ranks = options.ranks;
-  if (ranks.empty()) {
+  std::vector<std::int64_t> ranks;
+  if (options.ranks) {
+    ranks = *options.ranks;
+  } else {
     for (std::int64_t r = 0; r < sharding.world_size; ++r) ranks.push_back(r);
   }
   for (const auto r : ranks) {
@@ -375,6 +394,48 @@ std::unique_ptr<io::Directory> open_shards(io::Directory& directory, const Shard
 }
 
 }  // namespace
+
+void read_shards(ShardedCheckpoint& checkpoint, std::span<const std::int64_t> ranks, const Limits& limits,
+                 bool check_component_digests) {
+  const Sharding& sharding = checkpoint.sharding();
+  ShardedReadOptions bounds;
+  bounds.ranks = std::vector<std::int64_t>(ranks.begin(), ranks.end());
+  const auto chosen = ranks_to_read(bounds, sharding);
+  if (chosen.empty()) return;
+  const std::filesystem::path parent = checkpoint.path.has_parent_path() ? checkpoint.path.parent_path() : ".";
+  try {
+    auto directory = io::posix_file_system().open_directory(parent, false);
+    const auto shards = open_shards(*directory, sharding);
+    checkpoint.shards.resize(static_cast<std::size_t>(sharding.world_size));
+    checkpoint.shard_bytes.resize(static_cast<std::size_t>(sharding.world_size));
+    for (const auto r : chosen) {
+      const auto slot = static_cast<std::size_t>(r);
+      checkpoint.shards[slot] =
+          read_shard(*shards, checkpoint.manifest, r, limits, check_component_digests, &checkpoint.shard_bytes[slot]);
+    }
+  } catch (const Error& error) {
+    if (!error.path().empty()) throw;
+    throw error.with_path(checkpoint.path.string());
+  }
+}
+
+LoadedMapping parse_shard(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,
+                          const Limits& limits, bool check_component_digests) {
+  manifest_checked(step_manifest, "the generation");
+  const Sharding& sharding = *step_manifest.sharding;
+  if (rank < 0 || rank >= sharding.world_size) {
+    fail(ErrorCode::invalid_argument, "rank ", rank, " is outside the checkpoint's world of ", sharding.world_size);
+  }
+  const std::string label = concat(shard_directory_name(sharding.step), "/", shard_file_name(rank));
+  const ShardRecord& record = sharding.shards.at(static_cast<std::size_t>(rank));
+  if (bytes->size() != record.size) {
+    fail(ErrorCode::shard_size_mismatch, label, ": ", bytes->size(), " bytes received; the step manifest records ",
+         record.size);
+  }
+  LoadedMapping mapping = check_shard_bytes(std::move(bytes), step_manifest, rank, limits, check_component_digests);
+  mapping.sha256 = record.sha256;
+  return mapping;
+}
 
 void require_manifest_only(const Value& root, const std::string& label) {
   if (root.is_dict() && root.as_dict().size() != 1) {
@@ -418,9 +479,11 @@ ShardedCheckpoint read_sharded_checkpoint(io::Directory& directory, const std::s
     const Sharding& sharding = out.sharding();
     const auto shards = open_shards(directory, sharding);
     out.shards.resize(static_cast<std::size_t>(sharding.world_size));
+    out.shard_bytes.resize(static_cast<std::size_t>(sharding.world_size));
     for (const auto r : ranks_to_read(options, sharding)) {
-      out.shards[static_cast<std::size_t>(r)] =
-          read_shard(*shards, out.manifest, r, options.limits, options.check_component_digests);
+      auto& slot = out.shards[static_cast<std::size_t>(r)];
+      slot = read_shard(*shards, out.manifest, r, options.limits, options.check_component_digests,
+                        &out.shard_bytes[static_cast<std::size_t>(r)]);
     }
     return out;
   } catch (const Error& error) {

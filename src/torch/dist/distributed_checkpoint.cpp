@@ -1,11 +1,13 @@
 #include "holdpoint/dist/distributed.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -17,6 +19,8 @@
 #include "holdpoint/run/sharded_checkpoint.h"
 #include "holdpoint/base/file_system.h"
 #include "base/publish.h"
+#include "base/xxh3.h"
+#include "holdpoint/base/snapshot.h"
 #include "run/staging_arena.h"
 #include "schema/checkpoint_bytes.h"
 
@@ -72,14 +76,21 @@ Failure failure_of(const Error& error) {
 
 Failure failure_of(const std::exception& error) { return {"exception", error.what(), std::nullopt}; }
 
+// How a rank that did not fail reports another's failure.
+enum class OthersThrow : std::uint8_t {
+  rank_failed,  // distributed_rank_failed
+  first_code,   // the first failed rank's own code (a verdict every rank shares)
+};
+
 // The ranks agree on a phase's outcome: every rank contributes its payload
 // or its failure, and either all return every payload or all throw, naming
 // every failed rank and its reason.
 std::vector<std::string> agree(c10d::ProcessGroup& group, std::string_view phase, const std::optional<Failure>& mine,
-                               const std::string& payload = {}) {
+                               const std::string& payload = {}, OthersThrow others = OthersThrow::rank_failed) {
   const std::string message = mine ? concat("F", mine->code, "\n", mine->detail) : concat("K", payload);
   const std::vector<std::string> all = allgather_strings(group, message);
   std::string failures;
+  std::optional<ErrorCode> first_code;
   std::vector<std::string> payloads;
   for (std::size_t r = 0; r < all.size(); ++r) {
     const std::string& m = all[r];
@@ -91,10 +102,12 @@ std::vector<std::string> agree(c10d::ProcessGroup& group, std::string_view phase
     const std::string code = m.substr(1, newline == std::string::npos ? std::string::npos : newline - 1);
     const std::string why = newline == std::string::npos ? std::string() : m.substr(newline + 1);
     failures += concat(failures.empty() ? "" : "; ", "rank ", r, ": ", code, ": ", why);
+    if (!first_code) first_code = error_code_from_name(code);
   }
   if (failures.empty()) return payloads;
   const std::string detail = concat(phase, " rejected on every rank (", failures, ")");
   if (mine && mine->error) throw Error(mine->error->code(), detail);
+  if (others == OthersThrow::first_code && first_code) throw Error(*first_code, detail);
   fail(ErrorCode::distributed_rank_failed, detail);
 }
 
@@ -133,6 +146,43 @@ std::vector<std::string> split_lines(const std::string& text) {
   return lines;
 }
 
+// ---- load: each rank reads its share ---------------------------------------------------------
+
+std::string hex_of(const io::Xxh3Digest& digest) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (const auto byte : digest) {
+    out += kDigits[byte >> 4];
+    out += kDigits[byte & 0xf];
+  }
+  return out;
+}
+
+// The bytes a broadcast moves at once: a receiver's buffer is the shard's
+// own, so this bounds only Gloo's per-call work, not memory.
+constexpr std::size_t kBroadcastChunk = std::size_t{64} << 20;
+
+// What one rank said after reading: its step manifest's SHA-256 and, for
+// each shard it read, the XXH3-128 of the bytes it will send.
+struct ReadReport {
+  std::string manifest_sha256;
+  std::map<std::int64_t, std::string> shard_xxh3;
+};
+
+ReadReport parse_read_report(const std::string& payload) {
+  ReadReport report;
+  const auto lines = split_lines(payload);
+  if (!lines.empty()) report.manifest_sha256 = lines[0];
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    std::istringstream in(lines[i]);
+    std::int64_t shard = -1;
+    std::string digest;
+    in >> shard >> digest;
+    report.shard_xxh3[shard] = digest;
+  }
+  return report;
+}
+
 }  // namespace
 
 struct DistributedCheckpointer::Impl {
@@ -167,6 +217,9 @@ struct DistributedCheckpointer::Impl {
   void agree_on_shards(SaveRound& round, const std::optional<Failure>& mine);
   void commit_step_manifest(SaveRound& round);
   void agree_on_commit(SaveRound& round, const std::optional<Failure>& mine);
+  void exchange_shards(ShardedCheckpoint& checkpoint, const std::vector<std::string>& read_payloads,
+                       DistributedLoadReport& out);
+  void parse_received_shards(ShardedCheckpoint& checkpoint, const std::vector<std::string>& read_payloads);
   // Rank 0 removes the uncommitted shard directory after a failed phase.
   void discard_shards(std::int64_t step);
 
@@ -529,6 +582,75 @@ void DistributedCheckpointer::Impl::agree_on_commit(SaveRound& round, const std:
 
 // ---- load ------------------------------------------------------------------------------------
 
+// Every saved shard goes from the rank that read it (shard s: rank s mod
+// world) to every other rank, in chunks; all ranks first check that they read
+// the same step manifest. Collective; a failure of the group propagates.
+void DistributedCheckpointer::Impl::exchange_shards(ShardedCheckpoint& checkpoint,
+                                                   const std::vector<std::string>& read_payloads,
+                                                   DistributedLoadReport& out) {
+  const ReadReport mine = parse_read_report(read_payloads[static_cast<std::size_t>(rank)]);
+  for (std::size_t r = 0; r < read_payloads.size(); ++r) {
+    const ReadReport theirs = parse_read_report(read_payloads[r]);
+    if (theirs.manifest_sha256 != mine.manifest_sha256) {
+      fail(ErrorCode::distributed_ranks_disagree, checkpoint.path.string(), ": rank ", r,
+           " read a step manifest of SHA-256 ", theirs.manifest_sha256, ", rank ", rank, " one of ",
+           mine.manifest_sha256, "; every rank must see the same file");
+    }
+  }
+  const Sharding& sharding = checkpoint.sharding();
+  checkpoint.shards.resize(static_cast<std::size_t>(sharding.world_size));
+  checkpoint.shard_bytes.resize(static_cast<std::size_t>(sharding.world_size));
+  for (std::int64_t s = 0; s < sharding.world_size; ++s) {
+    const auto owner = static_cast<int>(s % world);
+    auto& bytes = checkpoint.shard_bytes[static_cast<std::size_t>(s)];
+    if (owner != rank) {
+      bytes = io::Buffer::allocate(sharding.shards.at(static_cast<std::size_t>(s)).size);
+      out.bytes_received += bytes->size();
+    }
+    for (std::size_t offset = 0; offset < bytes->size(); offset += kBroadcastChunk) {
+      const std::size_t size = std::min(kBroadcastChunk, bytes->size() - offset);
+      std::vector<at::Tensor> chunk{at::from_blob(bytes->data() + offset, {static_cast<std::int64_t>(size)},
+                                                  at::TensorOptions().dtype(at::kByte))};
+      c10d::BroadcastOptions broadcast;
+      broadcast.rootRank = owner;
+      group.broadcast(chunk, broadcast)->wait();
+    }
+  }
+}
+
+// Checks each received shard against its reader's XXH3-128 and parses it
+// with the checks its reader ran (but the component digests, which its reader
+// checked over the same bytes).
+void DistributedCheckpointer::Impl::parse_received_shards(ShardedCheckpoint& checkpoint,
+                                                         const std::vector<std::string>& read_payloads) {
+  const Sharding& sharding = checkpoint.sharding();
+  const auto shards_path = checkpoint.path.parent_path() / shard_directory_name(sharding.step);
+  for (std::int64_t s = 0; s < sharding.world_size; ++s) {
+    const auto owner = static_cast<std::size_t>(s % world);
+    if (static_cast<std::int64_t>(owner) == rank) continue;
+    const auto& bytes = checkpoint.shard_bytes[static_cast<std::size_t>(s)];
+    const std::string path = (shards_path / shard_file_name(s)).string();
+    const ReadReport sender = parse_read_report(read_payloads[owner]);
+    const auto sent = sender.shard_xxh3.find(s);
+    const std::string received = hex_of(io::Xxh3_128::of(bytes->bytes()));
+    if (sent == sender.shard_xxh3.end() || sent->second != received) {
+      throw Error(ErrorCode::shard_digest_mismatch,
+                  concat("the bytes received from rank ", owner, " (XXH3-128 ", received,
+                         ") differ from those it read and verified (",
+                         sent == sender.shard_xxh3.end() ? std::string("none reported") : sent->second, ")"))
+          .with_path(path);
+    }
+    try {
+      checkpoint.shards[static_cast<std::size_t>(s)] =
+          parse_shard(bytes, checkpoint.manifest, s, options.run.limits, false);
+    } catch (const Error& error) {
+      if (!error.path().empty()) throw;
+      throw error.with_path(path);
+    }
+  }
+}
+
+
 std::optional<DistributedLoadReport> DistributedCheckpointer::resume(const DistributedLoadOptions& options) {
   Impl& d = *impl_;
   d.finish_background();
@@ -558,14 +680,19 @@ DistributedLoadReport DistributedCheckpointer::load_checkpoint(const std::filesy
   Impl& d = *impl_;
   d.finish_background();
   DistributedLoadReport out;
-  bool agreed = false;
   const std::string phase = concat("loading ", manifest_path.string());
-  const auto run = [&] {
+
+  // Reading: the step manifest, then this rank's share of the shards, each
+  // checked whole; the ranks agree on the verdict before any byte travels.
+  ShardedCheckpoint checkpoint;
+  std::string read_payload;
+  const auto read_failure = attempt([&] {
     ShardedReadOptions read_options;
     read_options.limits = d.options.run.limits;
     read_options.expected_sha256 = options.expected_sha256;
     read_options.trust = options.trust;
-    const ShardedCheckpoint checkpoint = read_sharded_checkpoint(manifest_path, read_options);
+    read_options.ranks = std::vector<std::int64_t>{};
+    checkpoint = read_sharded_checkpoint(manifest_path, read_options);
     const Sharding& sharding = checkpoint.sharding();
     out.saved_world_size = sharding.world_size;
     out.world_size_changed = sharding.world_size != d.world;
@@ -582,6 +709,26 @@ DistributedLoadReport DistributedCheckpointer::load_checkpoint(const std::filesy
              " requires the same world size. Resume as unqualified to change it");
       }
     }
+    const std::int64_t saved_world = sharding.world_size;
+    for (std::int64_t s = 0; s < saved_world; ++s) {
+      if (options.read_every_shard || s % d.world == d.rank) out.shards_read.push_back(s);
+    }
+    read_shards(checkpoint, out.shards_read, d.options.run.limits);
+    out.bytes_read = checkpoint.manifest_bytes;
+    read_payload = concat(checkpoint.sha256.hex(), "\n");
+    for (const auto s : out.shards_read) {
+      const auto& bytes = checkpoint.shard_bytes[static_cast<std::size_t>(s)];
+      out.bytes_read += bytes->size();
+      read_payload += concat(s, " ", hex_of(io::Xxh3_128::of(bytes->bytes())), "\n");
+    }
+  });
+  const auto read_payloads = agree(d.group, phase, read_failure, read_payload, OthersThrow::first_code);
+  if (!options.read_every_shard) d.exchange_shards(checkpoint, read_payloads, out);
+
+  bool agreed = false;
+  const auto run = [&] {
+    if (!options.read_every_shard) d.parse_received_shards(checkpoint, read_payloads);
+    const Sharding& sharding = checkpoint.sharding();
     out.rank_local_source = d.rank % sharding.world_size;
 
     Dict root;

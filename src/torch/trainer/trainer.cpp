@@ -5,6 +5,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/fail.h"
@@ -59,6 +60,7 @@ struct Trainer::Impl {
   MetricsHistoryState history_state;
   std::unique_ptr<EarlyStoppingState> early_stop_state;
   std::unique_ptr<CheckpointManager> checkpoints;
+  TrainerParallelism parallel;
   bool run_opened = false;
 
   LRScheduler* scheduler = nullptr;
@@ -69,9 +71,24 @@ struct Trainer::Impl {
 
   TrainingConfig config() const;
   void refresh_state();
-  std::vector<std::int64_t> next_batch();
+  // Up to batch_size rows, and at most `limit` (when parallel, the rows every
+  // process still has, so that all take the same number).
+  std::vector<std::int64_t> next_batch(std::int64_t limit);
   void finish_epoch();
   double first_group_lr() const { return optimizer.param_groups().at(0).options().get_lr(); }
+  // Rows left in the epoch: this sampler's, or the least over the processes
+  // (collective when parallel).
+  std::int64_t remaining() const {
+    const std::int64_t local = sampler.remaining();
+    return parallel.agree_remaining ? parallel.agree_remaining(local) : local;
+  }
+  bool has_run() const { return !options.run_directory.empty() || parallel.checkpoints != nullptr; }
+  // Saves at the cadence of options.checkpointing (steps and epochs).
+  bool save_due(const StepRecord& record, bool epoch_done) const {
+    const SaveCadence& cadence = options.checkpointing.cadence;
+    return (cadence.every_steps > 0 && record.step % cadence.every_steps == 0) ||
+           (cadence.every_epochs > 0 && epoch_done && (record.epoch + 1) % cadence.every_epochs == 0);
+  }
 
   // What a run-directory generation records about the state after `record`.
   GenerationSpec generation(const StepRecord& record) const {
@@ -174,9 +191,10 @@ void Trainer::Impl::finish_epoch() {
   sampler.start_epoch(progress.epoch);
 }
 
-std::vector<std::int64_t> Trainer::Impl::next_batch() {
+std::vector<std::int64_t> Trainer::Impl::next_batch(std::int64_t limit) {
   std::vector<std::int64_t> ids;
-  while (static_cast<std::int64_t>(ids.size()) < options.batch_size) {
+  const std::int64_t size = std::min(options.batch_size, limit);
+  while (static_cast<std::int64_t>(ids.size()) < size) {
     const auto id = sampler.next();
     if (!id) break;
     ids.push_back(*id);
@@ -250,17 +268,19 @@ StepRecord Trainer::step() {
   std::int64_t micro_batches = 0;
   t.model.train();
   for (std::int64_t micro = 0; micro < t.options.gradient_accumulation; ++micro) {
-    std::vector<std::int64_t> ids = t.next_batch();
-    if (ids.empty()) {
+    std::int64_t remaining = t.remaining();
+    if (remaining == 0) {
       // The epoch is over. Its end is processed when the next batch is drawn,
       // so that a checkpoint taken after its last update resumes into it.
       if (micro > 0) break;  // an update never spans two epochs
       t.finish_epoch();
       if (finished()) fail(ErrorCode::invalid_argument, "Trainer::step: the run is finished");
       record.learning_rate = t.first_group_lr();
-      ids = t.next_batch();
-      if (ids.empty()) fail(ErrorCode::invalid_argument, "Trainer::step: the sampler yields no samples");
+      remaining = t.remaining();
+      if (remaining == 0) fail(ErrorCode::invalid_argument, "Trainer::step: the sampler yields no samples");
     }
+    const std::vector<std::int64_t> ids = t.next_batch(remaining);
+    if (ids.empty()) fail(ErrorCode::invalid_argument, "Trainer::step: the sampler yields no samples");
     record.epoch = t.progress.epoch;
     const at::Tensor index = at::tensor(ids, at::kLong);
     const at::Tensor outputs = t.forward(t.inputs.index_select(0, index));
@@ -272,6 +292,7 @@ StepRecord Trainer::step() {
     t.progress.samples_seen += static_cast<std::int64_t>(ids.size());
     record.sample_ids.insert(record.sample_ids.end(), ids.begin(), ids.end());
   }
+  if (t.parallel.reduce_gradients) t.parallel.reduce_gradients(t.model);
   if (t.options.max_grad_norm) {
     if (t.scaler) t.scaler->unscale(t.optimizer);
     torch::nn::utils::clip_grad_norm_(t.model.parameters(), *t.options.max_grad_norm);
@@ -289,14 +310,15 @@ StepRecord Trainer::step() {
   t.progress.batch_in_epoch += 1;
   record.step = t.progress.global_step;
   record.loss = loss_sum / static_cast<double>(micro_batches);
+  if (t.parallel.reduce_loss) record.loss = t.parallel.reduce_loss(record.loss);
   t.history.append(record.step, record.epoch, {{"loss", record.loss}, {"lr", record.learning_rate}});
 
-  const bool epoch_done = t.sampler.remaining() == 0;
-  if (t.checkpoints) {
+  const bool epoch_done = t.remaining() == 0;
+  if (t.parallel.checkpoints) {
+    if (t.save_due(record, epoch_done)) t.parallel.checkpoints->save(t.generation(record));
+  } else if (t.checkpoints) {
     t.checkpoints->maybe_save(t.generation(record), epoch_done, record.epoch + 1);
-  } else if (const SaveCadence& cadence = t.options.checkpointing.cadence;
-             (cadence.every_steps > 0 && record.step % cadence.every_steps == 0) ||
-             (cadence.every_epochs > 0 && epoch_done && (record.epoch + 1) % cadence.every_epochs == 0)) {
+  } else if (t.save_due(record, epoch_done)) {
     if (t.options.checkpoint_path.empty()) {
       fail(ErrorCode::invalid_argument, "Trainer: a save cadence is set but checkpoint_path is empty");
     }
@@ -310,10 +332,15 @@ StepRecord Trainer::step() {
 
 FitOutcome Trainer::fit(const std::function<void(const StepRecord&)>& on_step) {
   Impl& t = *impl_;
-  if (!t.options.run_directory.empty() && !t.run_opened) resume();
+  if (t.has_run() && !t.run_opened) resume();
   std::optional<PreemptionGuard> guard;
   if (t.options.handle_preemption_signals) guard.emplace();
   const auto save_now = [&] {
+    if (t.parallel.checkpoints) {
+      t.parallel.checkpoints->save(t.generation_after_last_step());
+      t.parallel.checkpoints->wait();
+      return;
+    }
     if (!t.checkpoints) return;
     t.checkpoints->save(t.generation_after_last_step());
     t.checkpoints->wait();
@@ -324,26 +351,52 @@ FitOutcome Trainer::fit(const std::function<void(const StepRecord&)>& on_step) {
       return FitOutcome::preempted;
     }
     // The last epoch's end is reached by drawing from an exhausted sampler.
-    if (t.sampler.remaining() == 0) {
+    if (t.remaining() == 0) {
       t.finish_epoch();
       continue;
     }
     const StepRecord record = step();
     if (on_step) on_step(record);
   }
-  if (t.checkpoints && t.progress.global_step > 0) save_now();
+  if ((t.checkpoints || t.parallel.checkpoints) && t.progress.global_step > 0) save_now();
   return FitOutcome::finished;
 }
 
 std::optional<LoadReport> Trainer::resume() {
   Impl& t = *impl_;
-  if (t.options.run_directory.empty()) fail(ErrorCode::invalid_argument, "Trainer::resume: run_directory is not set");
   if (t.run_opened) fail(ErrorCode::save_invalid_request, "Trainer::resume: the run directory is open already");
+  if (t.parallel.checkpoints) {
+    t.refresh_state();
+    t.run_opened = true;
+    return t.parallel.checkpoints->resume();
+  }
+  if (t.options.run_directory.empty()) fail(ErrorCode::invalid_argument, "Trainer::resume: run_directory is not set");
   t.checkpoints = std::make_unique<CheckpointManager>(t.options.run_directory, state(), t.options.checkpointing);
   t.run_opened = true;
   return t.checkpoints->resume();
 }
 
 CheckpointManager* Trainer::checkpoints() noexcept { return impl_->checkpoints.get(); }
+
+Trainer& Trainer::set_parallelism(TrainerParallelism parallelism, const TrainingEnvironment& environment) {
+  Impl& t = *impl_;
+  if (t.run_opened || t.progress.global_step > 0) {
+    fail(ErrorCode::save_invalid_request, "Trainer::set_parallelism: call it before resume() and the first update");
+  }
+  if (parallelism.checkpoints && !t.options.run_directory.empty()) {
+    fail(ErrorCode::invalid_argument,
+         "Trainer::set_parallelism: TrainerOptions::run_directory is set; a parallel trainer's checkpoints go "
+         "through TrainerParallelism::checkpoints");
+  }
+  if (parallelism.checkpoints && t.options.checkpointing.cadence.every_seconds > 0) {
+    fail(ErrorCode::invalid_argument,
+         "Trainer::set_parallelism: checkpointing.cadence.every_seconds would let the processes' clocks decide "
+         "different saves; use every_steps or every_epochs");
+  }
+  t.parallel = std::move(parallelism);
+  t.options.environment = environment;
+  t.refresh_state();
+  return *this;
+}
 
 }  // namespace holdpoint
