@@ -4,6 +4,7 @@
 #   bash scripts/bench.sh checkpoint [--case big|many|all] [--repeat N] [--dir DIR]
 #   bash scripts/bench.sh publication [--mib N] [--repeat N] [--dir DIR] [--json FILE]
 #   bash scripts/bench.sh distributed [--mib N] [--world W] [--repeat N] [--dir DIR] [--json FILE]
+#   bash scripts/bench.sh distributed --load [--worlds 2,4,8] [--mib N] [--repeat N]  (per-rank reads)
 #   bash scripts/bench.sh run_signing [--generations N] [--window W]
 #     (what signing costs a commit as a run grows: bench/run_signing_bench.cpp)
 #   bash scripts/bench.sh python [--repeat N] [--mib M] [--tensors N] [--dir DIR]

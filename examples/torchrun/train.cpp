@@ -46,7 +46,6 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -62,7 +61,7 @@
 #include <thread>
 #include <vector>
 
-#include "holdpoint/base/sha256.h"
+#include "example_events.h"
 #include "holdpoint/dist/distributed.h"
 #include "holdpoint/dist/launch.h"
 #include "holdpoint/state/lr_scheduler.h"
@@ -143,18 +142,7 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// One JSON line, appended atomically (one write, O_APPEND) so that ranks of
-// several hosts can share the file.
-void event(const Args& a, const std::string& fields) {
-  if (a.events.empty()) return;
-  const double t = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  const std::string line = "{\"t\": " + std::to_string(t) + ", \"pid\": " + std::to_string(::getpid()) + ", " +
-                           fields + "}\n";
-  const int fd = ::open(a.events.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  [[maybe_unused]] const auto written = ::write(fd, line.data(), line.size());
-  ::close(fd);
-}
+void event(const Args& a, const std::string& fields) { example::event(a.events, fields); }
 
 // SplitMix64: a sample's seed from (epoch, position).
 std::uint64_t mix(std::uint64_t z) {
@@ -168,15 +156,6 @@ at::Tensor flat_gradient(const std::vector<at::Tensor>& parameters) {
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters) grads.push_back(p.grad().reshape({-1}));
   return at::cat(grads);
-}
-
-std::string parameters_sha256(const std::vector<at::Tensor>& parameters) {
-  holdpoint::Sha256 hasher;
-  for (const auto& p : parameters) {
-    const at::Tensor data = p.detach().contiguous();
-    hasher.update(data.data_ptr(), data.nbytes());
-  }
-  return hasher.finish().hex();
 }
 
 int train(const Args& a) {
@@ -356,7 +335,7 @@ int train(const Args& a) {
   finish_pending();
   const auto latest = checkpointer.latest();
   if (!latest || latest->step != progress.global_step) save(true);
-  const std::string digest = parameters_sha256(parameters);
+  const std::string digest = example::parameters_sha256(parameters);
   if (rank == 0) std::cout << "final " << progress.global_step << " " << digest << std::endl;
   event(a, "\"event\": \"final\", " + where + ", \"step\": " + std::to_string(progress.global_step) +
                ", \"sha256\": \"" + digest + "\"");

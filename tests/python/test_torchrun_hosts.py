@@ -26,9 +26,15 @@ run's LATEST on every start; the test never tells them to.
    from the last one's LATEST (its saved world size reported), and the end is
    the reference's model.
 
-Default: 10 kills (every fifth a whole host, so one in each half), about 2.5
-minutes on 2 cores; 20 in the long tier (HOLDPOINT_LARGE_TESTS=1), about 4
-minutes. HOLDPOINT_TORCHRUN_KILLS=N sets the kills; the random choices come from HOLDPOINT_TORCHRUN_SEED (printed).
+4. the Trainer: examples/torchrun/trainer (the ready Trainer made a data-parallel
+   rank by holdpoint::make_data_parallel) on two hosts as 4 ranks, straight
+   through, and again through TRAINER_KILLS kills (a random rank, or every
+   process of host 1) with the resumes the program does by itself: the same
+   final model, bit for bit, and `holdpoint verify RUN` passes.
+
+Default: 10 kills of the example (every fifth a whole host, so one in each
+half) and 4 of the Trainer, about 3.5 minutes on 2 cores; 20 and 10 in the long
+tier (HOLDPOINT_LARGE_TESTS=1), about 6 minutes. HOLDPOINT_TORCHRUN_KILLS=N sets the kills; the random choices come from HOLDPOINT_TORCHRUN_SEED (printed).
 Needs root for the namespaces: without it the test fails, saying why.
 """
 
@@ -45,9 +51,13 @@ import harness
 from host_namespaces import EventLog, NamespaceError, TwoHosts, all_gone, process_state
 
 TRAINER = os.path.join(harness.BUILD_DIR, "examples", "torchrun", "train")
+# The ready Trainer under torchrun (make_data_parallel).
+READY_TRAINER = os.path.join(harness.BUILD_DIR, "examples", "torchrun", "trainer")
 # The short form in the normal run; the full count in the long tier.
 KILLS = int(os.environ.get("HOLDPOINT_TORCHRUN_KILLS",
                            "20" if os.environ.get("HOLDPOINT_LARGE_TESTS") == "1" else "10"))
+TRAINER_KILLS = int(os.environ.get("HOLDPOINT_TORCHRUN_TRAINER_KILLS",
+                                   "10" if os.environ.get("HOLDPOINT_LARGE_TESTS") == "1" else "4"))
 SEED = int(os.environ.get("HOLDPOINT_TORCHRUN_SEED", "20261207"))
 STEPS = 240
 DEADLINE_S = 1200
@@ -57,7 +67,7 @@ TIMEOUT_MS = 15000           # the example's store and collective timeout
 HOLD_MS = 3000               # how long every rank waits inside the save the link is cut in
 
 
-def torchrun(nnodes, nproc, run_id, endpoint, max_restarts, host_address=None, is_host=None):
+def torchrun(nnodes, nproc, run_id, endpoint, max_restarts, host_address=None, is_host=None, program=TRAINER):
     """A torchrun line: examples/torchrun/README.md's two-host line (endpoint
     given) or its one-host line (--standalone)."""
     args = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
@@ -68,7 +78,7 @@ def torchrun(nnodes, nproc, run_id, endpoint, max_restarts, host_address=None, i
         args += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}"]
     if is_host is not None:
         args += [f"--rdzv-conf=is_host={'true' if is_host else 'false'}", f"--local-addr={host_address}"]
-    return args + ["--no-python", TRAINER, "--"]
+    return args + ["--no-python", program, "--"]
 
 
 def example_args(run, events, steps, extra=()):
@@ -87,15 +97,16 @@ def agent_env(interface=None):
 class TwoHostWorld:
     """Two torchrun agents (one per namespace) running the example on one run."""
 
-    def __init__(self, hosts, work, name, args, deadline):
+    def __init__(self, hosts, work, name, args, deadline, program=TRAINER):
         self.hosts, self.work, self.name, self.args, self.deadline = hosts, work, name, args, deadline
+        self.program = program
         self.agents = [None, None]
         self.events = EventLog(os.path.join(work, "events.jsonl"))
 
     def start_agent(self, host):
         hosts = self.hosts
         args = torchrun(2, 2, self.name, f"{hosts.addresses[0]}:{RDZV_PORT}", 100, hosts.addresses[host],
-                        host == 0) + self.args
+                        host == 0, self.program) + self.args
         log = open(os.path.join(self.work, f"agent-{host}.log"), "a")
         self.agents[host] = hosts.popen(host, args, env=agent_env(hosts.interfaces[host]), stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
@@ -350,9 +361,62 @@ def resize(report, hosts, root, reference, deadline):
     print(f"resize: 4 ranks to {stop_a}, 2 to {stop_b}, 3 to {STEPS}: the reference's model", flush=True)
 
 
+# ---- 4. the ready Trainer --------------------------------------------------------------------
+
+def ready_trainer(report, hosts, root, deadline):
+    steps = 150
+    work = os.path.join(root, "trainer-ref")
+    os.makedirs(work)
+    world = TwoHostWorld(hosts, work, "trainer-ref", example_args(os.path.join(work, "run"),
+                                                                  os.path.join(work, "events.jsonl"), steps),
+                         deadline, READY_TRAINER)
+    world.start()
+    codes = world.finish()
+    world.stop()
+    reference = final_of(world.events)
+    report.check(codes == [0, 0], f"trainer, straight: agents exit {codes}\n{world.tail()}")
+    if not report.check(reference is not None and reference["step"] == steps and reference["world"] == 4,
+                        f"trainer, straight: a final event at step {steps} from 4 ranks: {reference}"):
+        return
+    finals = [e for e in world.events.matching("final")]
+    report.check(len({e["sha256"] for e in finals}) == 1 and len(finals) == 4,
+                 f"trainer, straight: every rank ends with the same model: {finals}")
+
+    rng = random.Random(SEED + 1)
+    work = os.path.join(root, "trainer-kills")
+    os.makedirs(work)
+    run, events = os.path.join(work, "run"), os.path.join(work, "events.jsonl")
+    world = TwoHostWorld(hosts, work, "trainer-kills",
+                         example_args(run, events, steps, ["--save-every", "1", "--sleep-ms", "60"]), deadline,
+                         READY_TRAINER)
+    started = time.time()
+    world.start()
+    first = world.wait_for(lambda e: e["event"] == "saved" and e["rank"] == 0 and e["t"] > started)
+    if not report.check(first is not None, f"trainer, kills: the world started\n{world.tail()}"):
+        world.stop()
+        return
+    last = first["t"]
+    # The second kill takes a whole host (kill_cycle: index 4 mod 5), the others one rank.
+    for index in [0, 4] + list(range(5, 5 + TRAINER_KILLS - 2)):
+        event = kill_cycle(report, world, rng, index, last)
+        if event is None:
+            world.stop()
+            return
+        last = event["t"]
+    codes = world.finish()
+    world.stop()
+    report.check(codes == [0, 0], f"trainer, kills: agents exit {codes}\n{world.tail()}")
+    final = final_of(world.events)
+    report.check(final is not None and final["step"] == steps and final["sha256"] == reference["sha256"],
+                 f"trainer: after {TRAINER_KILLS} kills, the model is the straight run's: {final} vs {reference}")
+    verify_run(report, "trainer, kills", run)
+    print(f"trainer: {steps} steps on 4 ranks; after {TRAINER_KILLS} kills the straight run's model", flush=True)
+
+
 def main():
     report = harness.Report("torchrun_hosts")
     harness.require_executable(TRAINER)
+    harness.require_executable(READY_TRAINER)
     deadline = time.monotonic() + DEADLINE_S
     print(f"seed {SEED}, {KILLS} kills", flush=True)
     root = tempfile.mkdtemp(prefix="holdpoint-torchrun-")
@@ -362,6 +426,7 @@ def main():
             if reference:
                 kills_and_link(report, hosts, root, reference, deadline)
                 resize(report, hosts, root, reference, deadline)
+            ready_trainer(report, hosts, root, deadline)
     except NamespaceError as error:
         report.check(False, f"the two hosts could not be made: {error}")
     finally:

@@ -1,16 +1,10 @@
 #include "checkpoint/in_place.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <functional>
-#include <cerrno>
-#include <cstring>
 
 #include "base/fail.h"
 #include "holdpoint/base/snapshot.h"
-#include "holdpoint/base/sha256.h"
 #include "holdpoint/state/module_state.h"
 
 namespace holdpoint::checkpoint {
