@@ -7,6 +7,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <torch/nn/modules/linear.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include "holdpoint/base/signature.h"
 #include "holdpoint/dist/distributed.h"
 #include "holdpoint/dist/gloo_process_group.h"
+#include "holdpoint/state/module_state.h"
 #include "holdpoint/state/rng_registry.h"
 #include "holdpoint/state/sampler.h"
 #include "holdpoint/run/sharded_checkpoint.h"
@@ -77,12 +79,14 @@ class Counter final : public Component {
  public:
   std::int64_t value = 0;
   bool reject = false;
+  std::function<void()> on_validate;  // runs inside validate: between a resume in place's two passes
   const std::string& name() const override {
     static const std::string n = "counter";
     return n;
   }
   Value capture(CaptureMode) const override { return Value::integer(value); }
   void validate(const Value& state) const override {
+    if (on_validate) on_validate();
     if (reject) throw Error(ErrorCode::state_value_invalid, "counter: this rank refuses every state (test)");
     if (!state.is_int()) throw Error(ErrorCode::state_type_invalid, "counter: not an int");
   }
@@ -455,6 +459,152 @@ TEST_F(DistributedCheckpoint, ResumeRefusesToStartOverWhenEveryGenerationIsDamag
   EXPECT_EQ(error_of(errors[1])->code(), ErrorCode::distributed_rank_failed);
   EXPECT_NE(error_of(errors[1])->detail().find("rank 0: run_no_generation"), std::string::npos);
   EXPECT_TRUE(std::filesystem::exists(run_ / "checkpoints" / "step-00000002.pt.damaged"));
+}
+
+// ---- resume in place ---------------------------------------------------------------------
+
+// A state whose large records (over the first pass's 1 MiB) stay in the
+// files until the fill: a model (ModuleState, filled in its own memory) and
+// an optimizer-like bag (fresh memory).
+struct BigSetup {
+  torch::nn::Linear layer{nullptr};
+  std::unique_ptr<ModuleState> model;
+  TensorBag optimizer{"optimizer"};
+  Counter counter;
+  TrainingState state;
+
+  BigSetup(std::int64_t rank, float value) {
+    layer = torch::nn::Linear(1024, 600);
+    {
+      at::NoGradGuard no_grad;
+      layer->weight.copy_(at::arange(0, 600 * 1024, at::kFloat).reshape({600, 1024}).mul_(value));
+      layer->bias.fill_(value / 2);
+    }
+    model = std::make_unique<ModuleState>(*layer);
+    optimizer.tensors["m"] = at::full({400000}, value * 3, at::kDouble);
+    counter.value = 100 + rank;
+    state.add(*model).add(optimizer).add(counter);
+    state.set_semantic_identity("distributed-test");
+  }
+};
+
+DistributedLoadOptions in_memory(ResumeMemory memory) {
+  DistributedLoadOptions options;
+  options.memory = memory;
+  return options;
+}
+
+class DistributedResumeInPlace : public DistributedCheckpoint {
+ protected:
+  void save_big(float value) {
+    expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+      BigSetup setup(rank, value);
+      DistributedCheckpointer checkpointer(group, setup.state, run_, options_with_counter());
+      checkpointer.save(at_step(3));
+    }));
+  }
+  std::filesystem::path manifest() const { return run_ / "checkpoints" / "step-00000003.pt"; }
+};
+
+TEST_F(DistributedResumeInPlace, EqualsThePrivateCopyOnEveryRank) {
+  save_big(2.0F);
+  std::vector<at::Tensor> private_weights(2), in_place_weights(2), in_place_m(2);
+  for (const auto memory : {ResumeMemory::private_copy, ResumeMemory::in_place}) {
+    expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+      BigSetup setup(rank, -1.0F);
+      const at::Tensor weight_memory = setup.layer->weight;
+      DistributedCheckpointer checkpointer(group, setup.state, root_ / "loader", options_with_counter());
+      const auto report = checkpointer.load_checkpoint(manifest(), in_memory(memory));
+      const auto slot = static_cast<std::size_t>(rank);
+      EXPECT_EQ(setup.counter.value, 100 + rank);
+      if (memory == ResumeMemory::private_copy) {
+        EXPECT_FALSE(report.report.in_place);
+        private_weights[slot] = setup.layer->weight.detach().clone();
+        return;
+      }
+      EXPECT_TRUE(report.report.in_place);
+      // The model's old bytes were journaled before its own memory was written.
+      EXPECT_GE(report.report.bytes_journaled, static_cast<std::uint64_t>(600 * 1024 * 4));
+      EXPECT_EQ(setup.layer->weight.data_ptr(), weight_memory.data_ptr());
+      EXPECT_EQ(report.shards_read, (std::vector<std::int64_t>{0, 1}));
+      in_place_weights[slot] = setup.layer->weight.detach().clone();
+      in_place_m[slot] = setup.optimizer.tensors["m"].clone();
+    }));
+  }
+  const at::Tensor expected = at::arange(0, 600 * 1024, at::kFloat).reshape({600, 1024}).mul_(2.0F);
+  for (std::size_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(in_place_weights[r].defined() && private_weights[r].defined());
+    EXPECT_TRUE(at::equal(in_place_weights[r], private_weights[r])) << "rank " << r;
+    EXPECT_TRUE(at::equal(in_place_weights[r], expected)) << "rank " << r;
+    EXPECT_TRUE(at::equal(in_place_m[r], at::full({400000}, 6.0, at::kDouble))) << "rank " << r;
+  }
+}
+
+// A shard written over after the first pass (inside a component's validate,
+// before the agreement): every rank refuses at the fill, and every rank's
+// model is as it was.
+TEST_F(DistributedResumeInPlace, AShardChangedBetweenThePassesIsRefusedWithEveryRankUnchanged) {
+  save_big(2.0F);
+  const auto shard = run_ / "checkpoints" / "step-00000003.shards" / "rank-00001.pt";
+  const std::uint64_t middle = size_of(shard) / 2;
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    BigSetup setup(rank, -1.0F);
+    const at::Tensor before = setup.layer->weight.detach().clone();
+    const at::Tensor m_before = setup.optimizer.tensors["m"].clone();
+    if (rank == 0) setup.counter.on_validate = [&] { flip_byte(shard, middle); };
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "loader", options_with_counter());
+    try {
+      checkpointer.load_checkpoint(manifest(), in_memory(ResumeMemory::in_place));
+    } catch (...) {
+      EXPECT_TRUE(at::equal(setup.layer->weight, before)) << "rank " << rank << "'s model changed";
+      EXPECT_TRUE(at::equal(setup.optimizer.tensors["m"], m_before));
+      EXPECT_EQ(setup.counter.value, 100 + rank);
+      throw;
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto e = error_of(errors[r]);
+    ASSERT_TRUE(e) << "rank " << r << " accepted a shard changed between the passes";
+    EXPECT_EQ(e->code(), ErrorCode::file_changed_during_read) << e->what();
+  }
+}
+
+// A damaged shard is refused in the first pass, by every rank (each scans every shard).
+TEST_F(DistributedResumeInPlace, ADamagedShardIsRefusedBeforeAnythingMoves) {
+  save_big(2.0F);
+  const auto shard = run_ / "checkpoints" / "step-00000003.shards" / "rank-00000.pt";
+  flip_byte(shard, size_of(shard) / 3);
+  const auto errors = run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    BigSetup setup(rank, -1.0F);
+    const at::Tensor before = setup.layer->weight.detach().clone();
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "loader", options_with_counter());
+    try {
+      checkpointer.load_checkpoint(manifest(), in_memory(ResumeMemory::in_place));
+    } catch (...) {
+      EXPECT_TRUE(at::equal(setup.layer->weight, before));
+      throw;
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto e = error_of(errors[r]);
+    ASSERT_TRUE(e) << "rank " << r;
+    EXPECT_EQ(e->code(), ErrorCode::shard_digest_mismatch) << e->what();
+    EXPECT_NE(e->detail().find("rank-00000.pt"), std::string::npos) << e->detail();
+  }
+}
+
+// In place and the private copy need every rank to take the same path: one
+// rank asking for in place takes them all there.
+TEST_F(DistributedResumeInPlace, OneRankAskingForInPlaceTakesEveryRankThere) {
+  save_big(2.0F);
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    BigSetup setup(rank, -1.0F);
+    DistributedCheckpointer checkpointer(group, setup.state, root_ / "loader", options_with_counter());
+    const auto report = checkpointer.load_checkpoint(
+        manifest(), in_memory(rank == 1 ? ResumeMemory::in_place : ResumeMemory::automatic));
+    EXPECT_TRUE(report.report.in_place) << "rank " << rank;
+    EXPECT_EQ(setup.counter.value, 100 + rank);
+  }));
 }
 
 // A byte flip in one shard: every rank rejects, and no rank's state changed.

@@ -45,6 +45,12 @@
 // transactionally. A rank reads about 1/world of the bytes from the file
 // system and receives the rest over the group (DistributedLoadReport's
 // bytes_read and bytes_received; read_every_shard reads them all instead).
+// Resuming in place (DistributedLoadOptions::memory), every rank instead
+// runs the first pass of a resume in place over every shard (SHA-256 against
+// the step manifest, the same checks, large records left in the files and
+// tagged), the ranks agree, and each fills its live tensors from the files
+// after the final agreement: its memory is the live state plus a bounded
+// amount, and nothing travels over the group.
 //
 // World size: profile cpu-gloo-ddp-v1 requires the checkpoint's world size.
 // Another world size loads only with allow_world_size_change and a live
@@ -128,6 +134,15 @@ struct DistributedLoadOptions {
   // Every rank reads every shard from the file system instead of its own
   // share (for a file system faster than the group's network).
   bool read_every_shard = false;
+  // Resume in place (docs/distributed.md, "Resuming in place"): every rank
+  // streams every shard twice, verifying, then straight into its live
+  // tensors, instead of holding the checkpoint in memory. automatic: when
+  // any rank's TrainingState::resumes_in_place says so for the shards' total
+  // size; the ranks then all do.
+  ResumeMemory memory = ResumeMemory::automatic;
+  // Where the model's old bytes are journaled while resuming in place; empty:
+  // the step manifest's folder.
+  std::filesystem::path journal_directory;
 };
 
 struct DistributedLoadReport {

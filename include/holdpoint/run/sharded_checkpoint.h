@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -137,6 +138,17 @@ void read_shards(ShardedCheckpoint& checkpoint, std::span<const std::int64_t> ra
 // hold `bytes`.
 LoadedMapping parse_shard(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,
                           const Limits& limits, bool check_component_digests = true);
+
+// The storage digests of storages a tree holds no bytes of (a resume in
+// place's first pass records them), in the manifest's kind.
+using KnownStorageDigests = std::function<StorageDigests(StorageDigestKind kind)>;
+
+// The checks parse_shard runs after parsing, on a shard's tree parsed some
+// other way (a resume in place's first pass, whose large storages are
+// absent): shard_identity_mismatch, component_missing, component_unknown,
+// component_digest_mismatch (`known` gives the absent storages' digests).
+void check_shard_tree(const Value& root, const Manifest& step_manifest, std::int64_t rank,
+                      const KnownStorageDigests& known);
 
 // Checks the shards of an already-read step manifest (every one).
 void verify_shards(io::Directory& directory, const Manifest& step_manifest, const Limits& limits,

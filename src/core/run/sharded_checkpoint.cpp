@@ -272,6 +272,8 @@ LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_
                                     std::shared_ptr<io::Buffer>* bytes_out);
 LoadedMapping check_shard_bytes(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,
                                 const Limits& limits, bool check_component_digests);
+void check_shard_tree_unlabelled(const Value& root, const Manifest& step_manifest, std::int64_t rank,
+                                 bool check_component_digests, const KnownStorageDigests& known);
 
 // Reads and checks shard `rank` of `step_manifest` from the open shard
 // directory; errors name the shard's file.
@@ -321,11 +323,16 @@ LoadedMapping read_shard_unlabelled(io::Directory& shards, const Manifest& step_
 
 LoadedMapping check_shard_bytes(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,
                                 const Limits& limits, bool check_component_digests) {
-  const Sharding& sharding = *step_manifest.sharding;
-  const std::string label = concat(shard_directory_name(sharding.step), "/", shard_file_name(rank));
   const std::span<std::byte> span = bytes->bytes();
   LoadedMapping mapping = parse_checkpoint_bytes(span, std::move(bytes), limits);
-  const Value& root = mapping.root;
+  check_shard_tree_unlabelled(mapping.root, step_manifest, rank, check_component_digests, {});
+  return mapping;
+}
+
+void check_shard_tree_unlabelled(const Value& root, const Manifest& step_manifest, std::int64_t rank,
+                                 bool check_component_digests, const KnownStorageDigests& known) {
+  const Sharding& sharding = *step_manifest.sharding;
+  const std::string label = concat(shard_directory_name(sharding.step), "/", shard_file_name(rank));
   const Manifest own = Manifest::of_root(root);
   if (own.kind != CheckpointKind::shard) {
     fail(ErrorCode::shard_identity_mismatch, label, " is of kind '", checkpoint_kind_name(own.kind), "', not shard");
@@ -357,7 +364,7 @@ LoadedMapping check_shard_bytes(std::shared_ptr<io::Buffer> bytes, const Manifes
     fail(ErrorCode::component_unknown, label, "'s manifest lists components its step manifest does not");
   }
   if (check_component_digests) {
-    StorageDigests digests(own.storage_digest);
+    StorageDigests digests = known ? known(own.storage_digest) : StorageDigests(own.storage_digest);
     for (const auto& name_ : expected) {
       if (component_digest(root.as_dict().at(name_), digests) != own.component(name_)->sha256) {
         fail(ErrorCode::component_digest_mismatch, label, ": component '", name_,
@@ -365,7 +372,6 @@ LoadedMapping check_shard_bytes(std::shared_ptr<io::Buffer> bytes, const Manifes
       }
     }
   }
-  return mapping;
 }
 
 std::vector<std::int64_t> ranks_to_read(const ShardedReadOptions& options, const Sharding& sharding) {
@@ -417,6 +423,16 @@ void read_shards(ShardedCheckpoint& checkpoint, std::span<const std::int64_t> ra
     if (!error.path().empty()) throw;
     throw error.with_path(checkpoint.path.string());
   }
+}
+
+void check_shard_tree(const Value& root, const Manifest& step_manifest, std::int64_t rank,
+                      const KnownStorageDigests& known) {
+  manifest_checked(step_manifest, "the generation");
+  if (rank < 0 || rank >= step_manifest.sharding->world_size) {
+    fail(ErrorCode::invalid_argument, "rank ", rank, " is outside the checkpoint's world of ",
+         step_manifest.sharding->world_size);
+  }
+  check_shard_tree_unlabelled(root, step_manifest, rank, true, known);
 }
 
 LoadedMapping parse_shard(std::shared_ptr<io::Buffer> bytes, const Manifest& step_manifest, std::int64_t rank,

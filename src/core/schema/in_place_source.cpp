@@ -62,6 +62,12 @@ void InPlaceSource::journal_in_background(std::vector<std::pair<std::byte*, std:
 
 StorageDigests InPlaceSource::storage_digests(StorageDigestKind kind) const {
   StorageDigests digests(kind);
+  add_storage_digests(digests);
+  return digests;
+}
+
+void InPlaceSource::add_storage_digests(StorageDigests& digests) const {
+  const StorageDigestKind kind = digests.kind();
   std::vector<std::byte> piece;
   for (const auto& [identity, record] : records_) {
     StorageDigest digest;
@@ -86,7 +92,6 @@ StorageDigests InPlaceSource::storage_digests(StorageDigestKind kind) const {
     }
     digests.set(identity, digest);
   }
-  return digests;
 }
 
 void InPlaceSource::check_identity() const {

@@ -64,6 +64,8 @@ class InPlaceSource {
   // digests: the first pass's XXH3-128, or SHA-256 read again from the file
   // (files that predate "storage_digest").
   StorageDigests storage_digests(StorageDigestKind kind) const;
+  // The same, added to `digests` (of its kind).
+  void add_storage_digests(StorageDigests& digests) const;
 
   // Waits for the background journal (raising its failure) and checks the
   // file's identity. Call before the first byte moves.

@@ -62,6 +62,35 @@ InPlaceFill::InPlaceFill(const io::RegularFile& file, const struct stat& identit
 
 InPlaceFill::~InPlaceFill() = default;
 
+void InPlaceFill::add_file(const io::RegularFile& file, const struct stat& identity,
+                           std::unordered_map<const void*, format::AbsentRecord> absent) {
+  // An added source never journals; its folder is not used.
+  more_.push_back(std::make_unique<schema::InPlaceSource>(file, identity, std::filesystem::path()));
+  more_.back()->set_records(std::move(absent));
+}
+
+StorageDigests InPlaceFill::storage_digests(StorageDigestKind kind) const {
+  StorageDigests digests = source_.storage_digests(kind);
+  for (const auto& source : more_) source->add_storage_digests(digests);
+  return digests;
+}
+
+bool InPlaceFill::holds(const void* identity) const {
+  if (source_.records().count(identity)) return true;
+  for (const auto& source : more_) {
+    if (source->records().count(identity)) return true;
+  }
+  return false;
+}
+
+schema::InPlaceSource* InPlaceFill::source_of(const void* identity) {
+  if (source_.records().count(identity)) return &source_;
+  for (const auto& source : more_) {
+    if (source->records().count(identity)) return source.get();
+  }
+  return nullptr;
+}
+
 namespace {
 
 void each_tensor(const Value& value, const std::function<void(const TensorData&)>& visit) {
@@ -97,7 +126,7 @@ void InPlaceFill::plan(const Value& file, const Value& live,
                        std::unordered_map<const void*, Destination>& destinations) const {
   if (file.is_tensor()) {
     const TensorData& tensor = file.as_tensor();
-    if (!tensor.storage || tensor.storage->has_bytes() || !source_.records().count(tensor.storage->identity())) return;
+    if (!tensor.storage || tensor.storage->has_bytes() || !holds(tensor.storage->identity())) return;
     Destination& destination = destinations[tensor.storage->identity()];  // fresh memory unless the live tensor fits
     if (destination.live || !live.is_tensor() || !is_whole_contiguous(tensor)) return;
     const TensorData& target = live.as_tensor();
@@ -143,33 +172,45 @@ Value InPlaceFill::fill(const Value& root, const std::vector<std::pair<Component
   // component reads them.
   struct Step {
     const void* identity;
+    schema::InPlaceSource* source;
     const format::AbsentRecord* record;
     Destination* destination;
   };
   std::vector<Step> order;
-  for (auto& [identity, destination] : destinations) order.push_back({identity, &source_.records().at(identity), &destination});
-  std::sort(order.begin(), order.end(), [](const Step& a, const Step& b) { return a.record->offset < b.record->offset; });
+  std::unordered_map<const schema::InPlaceSource*, std::size_t> source_index{{&source_, 0}};
+  for (std::size_t i = 0; i < more_.size(); ++i) source_index[more_[i].get()] = i + 1;
+  for (auto& [identity, destination] : destinations) {
+    schema::InPlaceSource* source = source_of(identity);
+    order.push_back({identity, source, &source->records().at(identity), &destination});
+  }
+  // File by file, each in the order of its bytes.
+  std::sort(order.begin(), order.end(), [&](const Step& a, const Step& b) {
+    const std::size_t fa = source_index.at(a.source), fb = source_index.at(b.source);
+    return fa != fb ? fa < fb : a.record->offset < b.record->offset;
+  });
 
   auto fresh = std::make_shared<FreshMemory>();
   std::unordered_map<const void*, std::shared_ptr<const Storage>> filled;
   try {
     source_.begin();
+    for (const auto& source : more_) source->begin();
     // Every destination first: the live bytes not journaled yet go to the
     // journal, fresh memory is mapped.
     struct Read {
       std::byte* to;
+      schema::InPlaceSource* source;
       const format::AbsentRecord* record;
       io::Buffer* fresh;
     };
     std::vector<Read> reads;
     std::uint64_t total = 0;
-    for (auto& [identity, record, destination] : order) {
+    for (auto& [identity, source, record, destination] : order) {
       if (destination->live) {
         source_.journal_unless_held(destination->live, record->size);
-        reads.push_back({destination->live, record, nullptr});
+        reads.push_back({destination->live, source, record, nullptr});
       } else {
         fresh->buffers.push_back(io::Buffer::allocate(static_cast<std::size_t>(record->size)));
-        reads.push_back({fresh->buffers.back()->data(), record, fresh->buffers.back().get()});
+        reads.push_back({fresh->buffers.back()->data(), source, record, fresh->buffers.back().get()});
       }
       total += record->size;
     }
@@ -183,7 +224,9 @@ Value InPlaceFill::fill(const Value& root, const std::vector<std::pair<Component
     if (split < reads.size() && total >= kParallelReadBytes) {
       helper = std::thread([&] {
         try {
-          for (std::size_t i = split; i < reads.size(); ++i) source_.read_into(reads[i].to, *reads[i].record, reads[i].fresh);
+          for (std::size_t i = split; i < reads.size(); ++i) {
+            reads[i].source->read_into(reads[i].to, *reads[i].record, reads[i].fresh);
+          }
         } catch (...) {
           helper_failure = std::current_exception();
         }
@@ -193,7 +236,7 @@ Value InPlaceFill::fill(const Value& root, const std::vector<std::pair<Component
     }
     std::exception_ptr own_failure;
     try {
-      for (std::size_t i = 0; i < split; ++i) source_.read_into(reads[i].to, *reads[i].record, reads[i].fresh);
+      for (std::size_t i = 0; i < split; ++i) reads[i].source->read_into(reads[i].to, *reads[i].record, reads[i].fresh);
     } catch (...) {
       own_failure = std::current_exception();
     }
@@ -204,7 +247,7 @@ Value InPlaceFill::fill(const Value& root, const std::vector<std::pair<Component
     // (the component may take it as its live state); live memory is not.
     std::size_t next_fresh = 0;
     std::shared_ptr<const void> fresh_owner = fresh;
-    for (auto& [identity, record, destination] : order) {
+    for (auto& [identity, source, record, destination] : order) {
       if (destination->live) {
         filled[identity] = std::make_shared<const Storage>(destination->live, static_cast<std::size_t>(record->size),
                                                            destination->owner);

@@ -79,8 +79,13 @@ class InPlaceFill {
   void set_records(std::unordered_map<const void*, format::AbsentRecord> absent) {
     source_.set_records(std::move(absent));
   }
-  // The absent storages' digests (schema::InPlaceSource::storage_digests).
-  StorageDigests storage_digests(StorageDigestKind kind) const { return source_.storage_digests(kind); }
+  // Another file whose absent storages fill() reads too (the other shards of
+  // a sharded checkpoint): its own first pass's records, and its own
+  // identity check before any byte moves. The journal stays one.
+  void add_file(const io::RegularFile& file, const struct stat& identity,
+                std::unordered_map<const void*, format::AbsentRecord> absent);
+  // The absent storages' digests (schema::InPlaceSource::storage_digests), of every file.
+  StorageDigests storage_digests(StorageDigestKind kind) const;
 
   // `states` are the components' validated states in `root`, each with its
   // component. Returns `root` with every absent storage filled.
@@ -90,7 +95,11 @@ class InPlaceFill {
   // Returns what failed ("" when nothing did).
   std::string restore() noexcept { return source_.restore(); }
 
-  std::uint64_t bytes_filled() const noexcept { return source_.bytes_filled(); }
+  std::uint64_t bytes_filled() const noexcept {
+    std::uint64_t total = source_.bytes_filled();
+    for (const auto& source : more_) total += source->bytes_filled();
+    return total;
+  }
   std::uint64_t bytes_journaled() const noexcept { return source_.bytes_journaled(); }
 
  private:
@@ -100,8 +109,12 @@ class InPlaceFill {
   };
 
   void plan(const Value& file, const Value& live, std::unordered_map<const void*, Destination>& plan) const;
+  // Whether a file holds the absent storage `identity`, and the source whose file does (null: none).
+  bool holds(const void* identity) const;
+  schema::InPlaceSource* source_of(const void* identity);
 
-  schema::InPlaceSource source_;
+  schema::InPlaceSource source_;                              // the first file, and the journal
+  std::vector<std::unique_ptr<schema::InPlaceSource>> more_;  // add_file's
   std::vector<Value> journal_sources_;  // the captures the background journal reads
 };
 

@@ -81,10 +81,6 @@ LoadedMapping read_untrusted(const std::filesystem::path& path, const Checkpoint
   }
 }
 
-// What the first pass of a resume in place keeps of the small records
-// (format/resume_scan.h): the values components read while they validate.
-constexpr std::uint64_t kKeptRecordBudget = std::uint64_t{64} << 20;
-
 }  // namespace
 
 // ---- registry ----------------------------------------------------------------------------
@@ -295,7 +291,7 @@ LoadReport TrainingState::load_checkpoint(const std::filesystem::path& path, con
   fill.journal_in_background(components_);
   format::ResumeScan scan;
   try {
-    scan = format::scan_for_resume(file, path, untrusted_options(options), kKeptRecordBudget);
+    scan = format::scan_for_resume(file, path, untrusted_options(options), kInPlaceKeptBytes);
   } catch (const Error& error) {
     rethrow_untrusted(path, error);
   }

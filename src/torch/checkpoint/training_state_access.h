@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <vector>
 
 #include "holdpoint/checkpoint/training_state.h"
 
@@ -32,7 +33,15 @@ struct ParsedLoadOptions {
   checkpoint::InPlaceFill* in_place = nullptr;
 };
 
+// What a resume in place's first pass keeps of the small storage records,
+// in all (format::scan_for_resume's keep_budget; split over a sharded
+// checkpoint's files).
+inline constexpr std::uint64_t kInPlaceKeptBytes = std::uint64_t{64} << 20;
+
 struct TrainingStateAccess {
+  // The registered components (a resume in place journals the models').
+  static const std::vector<Component*>& components(const TrainingState& state) { return state.components_; }
+
   // TrainingState::load_checkpoint's checks and transactional apply, on a
   // mapping already read and parsed by the restricted reader (RunDirectory::load,
   // the sharded reader); `path` labels the report and errors. The caller gives

@@ -6,14 +6,22 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <thread>
 #include <utility>
 
 #include "base/fail.h"
+#include "base/regular_file.h"
+#include "checkpoint/in_place.h"
+#include "format/resume_scan.h"
 #include "checkpoint/training_state_access.h"
 #include "holdpoint/state/sampler.h"
 #include "holdpoint/run/sharded_checkpoint.h"
@@ -148,6 +156,17 @@ std::vector<std::string> split_lines(const std::string& text) {
 
 // ---- load: each rank reads its share ---------------------------------------------------------
 
+// This machine, as the ranks on it share its memory: the kernel's boot id
+// (the host name where it cannot be read).
+std::string machine_identity() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (in >> id && !id.empty()) return id;
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
 std::string hex_of(const io::Xxh3Digest& digest) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out;
@@ -162,18 +181,16 @@ std::string hex_of(const io::Xxh3Digest& digest) {
 // own, so this bounds only Gloo's per-call work, not memory.
 constexpr std::size_t kBroadcastChunk = std::size_t{64} << 20;
 
-// What one rank said after reading: its step manifest's SHA-256 and, for
-// each shard it read, the XXH3-128 of the bytes it will send.
+// What one rank said after reading: for each shard it read, the XXH3-128 of
+// the bytes it will send.
 struct ReadReport {
-  std::string manifest_sha256;
   std::map<std::int64_t, std::string> shard_xxh3;
 };
 
 ReadReport parse_read_report(const std::string& payload) {
   ReadReport report;
   const auto lines = split_lines(payload);
-  if (!lines.empty()) report.manifest_sha256 = lines[0];
-  for (std::size_t i = 1; i < lines.size(); ++i) {
+  for (std::size_t i = 0; i < lines.size(); ++i) {
     std::istringstream in(lines[i]);
     std::int64_t shard = -1;
     std::string digest;
@@ -217,8 +234,11 @@ struct DistributedCheckpointer::Impl {
   void agree_on_shards(SaveRound& round, const std::optional<Failure>& mine);
   void commit_step_manifest(SaveRound& round);
   void agree_on_commit(SaveRound& round, const std::optional<Failure>& mine);
-  void exchange_shards(ShardedCheckpoint& checkpoint, const std::vector<std::string>& read_payloads,
-                       DistributedLoadReport& out);
+  void exchange_shards(ShardedCheckpoint& checkpoint, DistributedLoadReport& out);
+  std::unique_ptr<checkpoint::InPlaceFill> scan_shards_for_resume(ShardedCheckpoint& checkpoint,
+                                                                  const DistributedLoadOptions& options,
+                                                                  std::vector<std::unique_ptr<io::RegularFile>>& files,
+                                                                  DistributedLoadReport& out);
   void parse_received_shards(ShardedCheckpoint& checkpoint, const std::vector<std::string>& read_payloads);
   // Rank 0 removes the uncommitted shard directory after a failed phase.
   void discard_shards(std::int64_t step);
@@ -583,20 +603,9 @@ void DistributedCheckpointer::Impl::agree_on_commit(SaveRound& round, const std:
 // ---- load ------------------------------------------------------------------------------------
 
 // Every saved shard goes from the rank that read it (shard s: rank s mod
-// world) to every other rank, in chunks; all ranks first check that they read
-// the same step manifest. Collective; a failure of the group propagates.
-void DistributedCheckpointer::Impl::exchange_shards(ShardedCheckpoint& checkpoint,
-                                                   const std::vector<std::string>& read_payloads,
-                                                   DistributedLoadReport& out) {
-  const ReadReport mine = parse_read_report(read_payloads[static_cast<std::size_t>(rank)]);
-  for (std::size_t r = 0; r < read_payloads.size(); ++r) {
-    const ReadReport theirs = parse_read_report(read_payloads[r]);
-    if (theirs.manifest_sha256 != mine.manifest_sha256) {
-      fail(ErrorCode::distributed_ranks_disagree, checkpoint.path.string(), ": rank ", r,
-           " read a step manifest of SHA-256 ", theirs.manifest_sha256, ", rank ", rank, " one of ",
-           mine.manifest_sha256, "; every rank must see the same file");
-    }
-  }
+// world) to every other rank, in chunks. Collective; a failure of the group
+// propagates.
+void DistributedCheckpointer::Impl::exchange_shards(ShardedCheckpoint& checkpoint, DistributedLoadReport& out) {
   const Sharding& sharding = checkpoint.sharding();
   checkpoint.shards.resize(static_cast<std::size_t>(sharding.world_size));
   checkpoint.shard_bytes.resize(static_cast<std::size_t>(sharding.world_size));
@@ -616,6 +625,82 @@ void DistributedCheckpointer::Impl::exchange_shards(ShardedCheckpoint& checkpoin
       group.broadcast(chunk, broadcast)->wait();
     }
   }
+}
+
+// A resume in place's first pass over every shard (format::scan_for_resume):
+// each against the step manifest's size and SHA-256, with the checks a read
+// runs; large records stay in the files, tagged, for the fill. The files stay
+// open in `files` until then.
+std::unique_ptr<checkpoint::InPlaceFill> DistributedCheckpointer::Impl::scan_shards_for_resume(
+    ShardedCheckpoint& checkpoint, const DistributedLoadOptions& load,
+    std::vector<std::unique_ptr<io::RegularFile>>& files, DistributedLoadReport& out) {
+  const Sharding& sharding = checkpoint.sharding();
+  const std::filesystem::path folder = checkpoint.path.has_parent_path() ? checkpoint.path.parent_path() : ".";
+  const std::string shards_name = shard_directory_name(sharding.step);
+  const std::filesystem::path shards_path = folder / shards_name;
+  const io::FileDescriptor parent = io::open_directory_for_reading(folder);
+  // Never through a symlink, as a read (run_shards_invalid).
+  const io::FileDescriptor shards(::openat(parent.get(), shards_name.c_str(),
+                                           O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (shards.get() < 0) {
+    fail(ErrorCode::run_shards_invalid, shards_path.string(), " is missing or not a directory (never followed): ",
+         std::strerror(errno));
+  }
+  std::filesystem::path journal = load.journal_directory;
+  if (journal.empty()) journal = std::filesystem::absolute(folder);
+  const std::uint64_t keep = kInPlaceKeptBytes / static_cast<std::uint64_t>(sharding.world_size);
+  std::unique_ptr<checkpoint::InPlaceFill> fill;
+  checkpoint.shards.resize(static_cast<std::size_t>(sharding.world_size));
+  out.bytes_read = checkpoint.manifest_bytes;
+  for (std::int64_t s = 0; s < sharding.world_size; ++s) {
+    const ShardRecord& record = sharding.shards.at(static_cast<std::size_t>(s));
+    const std::filesystem::path label = shards_path / shard_file_name(s);
+    try {
+      try {
+        files.push_back(std::make_unique<io::RegularFile>(
+            io::open_regular_for_reading_at(shards.get(), shard_file_name(s), label, ErrorCode::run_shards_invalid)));
+      } catch (const Error& error) {
+        if (error.code() != ErrorCode::io_not_regular_file) throw;
+        fail(ErrorCode::run_shards_invalid, "rank ", s, "'s shard is not a regular file (never followed)");
+      }
+      const io::RegularFile& file = *files.back();
+      if (file.size != record.size) {
+        fail(ErrorCode::shard_size_mismatch, "holds ", file.size, " bytes; the step manifest records ", record.size);
+      }
+      struct stat identity {};
+      ::fstat(file.fd.get(), &identity);
+      if (!fill) {
+        fill = std::make_unique<checkpoint::InPlaceFill>(file, identity, journal);
+        // The models' bytes go to the journal while the first pass hashes the shards.
+        fill->journal_in_background(TrainingStateAccess::components(state));
+      }
+      LoadOptions scan_options;
+      scan_options.limits = options.run.limits;
+      scan_options.expected_sha256 = record.sha256;
+      format::ResumeScan scan;
+      try {
+        scan = format::scan_for_resume(file, label, scan_options, keep);
+      } catch (const Error& error) {
+        if (error.code() != ErrorCode::sha256_mismatch) throw;
+        throw Error(ErrorCode::shard_digest_mismatch,
+                    concat("rank ", s, "'s shard differs from the digest its step manifest records: ", error.detail()));
+      }
+      if (s == 0) {
+        fill->set_records(std::move(scan.absent));
+      } else {
+        fill->add_file(file, identity, std::move(scan.absent));
+      }
+      check_shard_tree(scan.mapping.root, checkpoint.manifest, s,
+                       [&fill](StorageDigestKind kind) { return fill->storage_digests(kind); });
+      checkpoint.shards[static_cast<std::size_t>(s)] = std::move(scan.mapping);
+      out.shards_read.push_back(s);
+      out.bytes_read += file.size;
+    } catch (const Error& error) {
+      if (!error.path().empty()) throw;
+      throw error.with_path(label.string());
+    }
+  }
+  return fill;
 }
 
 // Checks each received shard against its reader's XXH3-128 and parses it
@@ -682,11 +767,11 @@ DistributedLoadReport DistributedCheckpointer::load_checkpoint(const std::filesy
   DistributedLoadReport out;
   const std::string phase = concat("loading ", manifest_path.string());
 
-  // Reading: the step manifest, then this rank's share of the shards, each
-  // checked whole; the ranks agree on the verdict before any byte travels.
+  // The step manifest, on every rank: the ranks agree that they read the
+  // same one, and on how to read the shards.
   ShardedCheckpoint checkpoint;
-  std::string read_payload;
-  const auto read_failure = attempt([&] {
+  std::string plan;
+  const auto manifest_failure = attempt([&] {
     ShardedReadOptions read_options;
     read_options.limits = d.options.run.limits;
     read_options.expected_sha256 = options.expected_sha256;
@@ -709,25 +794,65 @@ DistributedLoadReport DistributedCheckpointer::load_checkpoint(const std::filesy
              " requires the same world size. Resume as unqualified to change it");
       }
     }
-    const std::int64_t saved_world = sharding.world_size;
-    for (std::int64_t s = 0; s < saved_world; ++s) {
-      if (options.read_every_shard || s % d.world == d.rank) out.shards_read.push_back(s);
-    }
-    read_shards(checkpoint, out.shards_read, d.options.run.limits);
-    out.bytes_read = checkpoint.manifest_bytes;
-    read_payload = concat(checkpoint.sha256.hex(), "\n");
-    for (const auto s : out.shards_read) {
-      const auto& bytes = checkpoint.shard_bytes[static_cast<std::size_t>(s)];
-      out.bytes_read += bytes->size();
-      read_payload += concat(s, " ", hex_of(io::Xxh3_128::of(bytes->bytes())), "\n");
-    }
+    plan = concat(checkpoint.sha256.hex(), " ", machine_identity());
   });
-  const auto read_payloads = agree(d.group, phase, read_failure, read_payload, OthersThrow::first_code);
-  if (!options.read_every_shard) d.exchange_shards(checkpoint, read_payloads, out);
+  const auto plans = agree(d.group, phase, manifest_failure, plan, OthersThrow::first_code);
+  // Every rank sees the same plans, so every rank reaches the same verdict.
+  const auto split_plan = [](const std::string& text) {
+    const auto space = text.find(' ');
+    return std::pair<std::string, std::string>(text.substr(0, space),
+                                               space == std::string::npos ? "" : text.substr(space + 1));
+  };
+  const std::string my_machine = split_plan(plans[static_cast<std::size_t>(d.rank)]).second;
+  std::uint64_t ranks_here = 0;
+  for (std::size_t r = 0; r < plans.size(); ++r) {
+    const auto [sha, machine] = split_plan(plans[r]);
+    if (sha != split_plan(plans[0]).first) {
+      fail(ErrorCode::distributed_ranks_disagree, manifest_path.string(), ": rank ", r,
+           " read a step manifest of SHA-256 ", sha, ", rank 0 one of ", split_plan(plans[0]).first,
+           "; every rank must see the same file");
+    }
+    if (machine == my_machine) ++ranks_here;
+  }
+  // A private copy holds every shard on every rank, and the ranks on this
+  // machine share its memory: in place when that would not fit, on every
+  // rank if on any.
+  std::uint64_t shard_bytes = 0;
+  for (const ShardRecord& record : checkpoint.sharding().shards) shard_bytes += record.size;
+  const bool wish = d.state.resumes_in_place(shard_bytes * ranks_here, options.memory);
+  bool in_place = false;
+  for (const auto& answer : agree(d.group, phase, std::nullopt, wish ? "1" : "0")) in_place |= answer == "1";
+
+  // The shards. In place: every rank runs the first pass over every shard.
+  // Otherwise: this rank's share, each checked whole; the ranks agree on the
+  // verdict before any byte travels.
+  std::unique_ptr<checkpoint::InPlaceFill> fill;
+  std::vector<std::unique_ptr<io::RegularFile>> files;  // open until the fill
+  std::vector<std::string> read_payloads;
+  if (in_place) {
+    const auto scan_failure = attempt([&] { fill = d.scan_shards_for_resume(checkpoint, options, files, out); });
+    agree(d.group, phase, scan_failure, "", OthersThrow::first_code);
+  } else {
+    std::string read_payload;
+    const auto read_failure = attempt([&] {
+      for (std::int64_t s = 0; s < checkpoint.sharding().world_size; ++s) {
+        if (options.read_every_shard || s % d.world == d.rank) out.shards_read.push_back(s);
+      }
+      read_shards(checkpoint, out.shards_read, d.options.run.limits);
+      out.bytes_read = checkpoint.manifest_bytes;
+      for (const auto s : out.shards_read) {
+        const auto& bytes = checkpoint.shard_bytes[static_cast<std::size_t>(s)];
+        out.bytes_read += bytes->size();
+        read_payload += concat(s, " ", hex_of(io::Xxh3_128::of(bytes->bytes())), "\n");
+      }
+    });
+    read_payloads = agree(d.group, phase, read_failure, read_payload, OthersThrow::first_code);
+    if (!options.read_every_shard) d.exchange_shards(checkpoint, out);
+  }
 
   bool agreed = false;
   const auto run = [&] {
-    if (!options.read_every_shard) d.parse_received_shards(checkpoint, read_payloads);
+    if (!in_place && !options.read_every_shard) d.parse_received_shards(checkpoint, read_payloads);
     const Sharding& sharding = checkpoint.sharding();
     out.rank_local_source = d.rank % sharding.world_size;
 
@@ -764,6 +889,7 @@ DistributedLoadReport DistributedCheckpointer::load_checkpoint(const std::filesy
       agreed = true;
       agree(d.group, phase, std::nullopt);
     };
+    load_options.in_place = fill.get();
     out.report = TrainingStateAccess::load_parsed(d.state, mapping, manifest_path, load_options);
   };
   std::optional<Failure> failure;
