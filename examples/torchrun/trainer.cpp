@@ -5,6 +5,7 @@
 //   torchrun --nproc-per-node=2 --no-python build/examples/torchrun/trainer -- --run RUN --steps 40
 //
 //   trainer --run RUN --steps N [--save-every K] [--sleep-ms M] [--timeout-ms MS] [--events FILE]
+//           [--hold-save STEP:MS]
 //
 // Each rank joins the world from torchrun's variables, builds the same model,
 // optimizer and scheduler, its own DistributedSampler, and a Trainer;
@@ -22,8 +23,10 @@
 //
 // Output: rank 0 prints "fresh" or "resumed STEP", and at the end
 // "final STEP SHA256" (the parameters' bytes). --events appends JSON lines
-// (start, resumed, saved, final; with rank, pid, step, world and the time) to
-// FILE; --sleep-ms slows each update. Exit: 0 done, 1 error, 2 usage.
+// (start, resumed, saving, saved, holding, final; with rank, pid, step, world and the
+// time) to FILE; --sleep-ms slows each update; --hold-save STEP:MS makes every
+// rank wait MS milliseconds in the save of step STEP once its shard is
+// written, before the commit. Exit: 0 done, 1 error, 2 usage.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ATen/ATen.h>
@@ -43,6 +46,7 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -64,6 +68,8 @@ struct Args {
   std::int64_t sleep_ms = 0;
   std::int64_t timeout_ms = 60000;
   std::string events;
+  std::int64_t hold_step = -1;
+  std::int64_t hold_ms = 0;
 };
 
 struct UsageError {
@@ -92,6 +98,20 @@ Args parse(int argc, char** argv) {
     else if (flag == "--sleep-ms") a.sleep_ms = integer();
     else if (flag == "--timeout-ms") a.timeout_ms = integer();
     else if (flag == "--events") a.events = value;
+    else if (flag == "--hold-save") {
+      const auto colon = value.find(':');
+      std::size_t used_step = 0, used_ms = 0;
+      try {
+        if (colon == std::string::npos) throw std::invalid_argument("no colon");
+        a.hold_step = std::stoll(value.substr(0, colon), &used_step);
+        a.hold_ms = std::stoll(value.substr(colon + 1), &used_ms);
+      } catch (const std::exception&) {
+        used_step = 0;
+      }
+      if (used_step != colon || used_ms + colon + 1 != value.size() || a.hold_step < 0 || a.hold_ms < 0) {
+        throw UsageError{"--hold-save needs STEP:MS, not '" + value + "'"};
+      }
+    }
     else throw UsageError{"unknown flag " + flag};
   }
   if (a.run.empty() || a.steps <= 0) throw UsageError{"--run and --steps are required"};
@@ -146,6 +166,15 @@ int train(const Args& a) {
 
   holdpoint::DataParallelOptions parallel;
   parallel.load.allow_world_size_change = true;  // another number of ranks resumes as unqualified
+  parallel.checkpoints.phase_hook = [&](std::string_view phase) {
+    const std::int64_t step = trainer.progress().global_step;
+    if (phase == "before-shard") {
+      example::event(a.events, "\"event\": \"saving\", " + where + ", \"step\": " + std::to_string(step));
+    } else if (phase == "after-shard" && step == a.hold_step) {
+      example::event(a.events, "\"event\": \"holding\", " + where + ", \"step\": " + std::to_string(step));
+      std::this_thread::sleep_for(std::chrono::milliseconds(a.hold_ms));
+    }
+  };
   holdpoint::DistributedCheckpointer& checkpointer =
       holdpoint::make_data_parallel(trainer, sampler, *world.group, a.run, parallel);
 
@@ -183,7 +212,7 @@ int main(int argc, char** argv) {
   } catch (const UsageError& error) {
     std::cerr << "trainer: " << error.message << "\n"
               << "usage: torchrun [...] --no-python trainer -- --run RUN --steps N [--save-every K]"
-                 " [--sleep-ms M] [--timeout-ms MS] [--events FILE]\n";
+                 " [--sleep-ms M] [--timeout-ms MS] [--events FILE] [--hold-save STEP:MS]\n";
     return 2;
   }
   const std::string who = "rank " + std::string(std::getenv("RANK") ? std::getenv("RANK") : "?") + ": ";

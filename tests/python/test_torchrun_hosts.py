@@ -29,8 +29,11 @@ run's LATEST on every start; the test never tells them to.
 4. the Trainer: examples/torchrun/trainer (the ready Trainer made a data-parallel
    rank by holdpoint::make_data_parallel) on two hosts as 4 ranks, straight
    through, and again through TRAINER_KILLS kills (a random rank, or every
-   process of host 1) with the resumes the program does by itself: the same
-   final model, bit for bit, and `holdpoint verify RUN` passes.
+   process of host 1) and host 1's link taken down inside a save, with the
+   resumes the program does by itself: the same final model, bit for bit, and
+   `holdpoint verify RUN` passes. Then the run goes on with 2 ranks and with 3:
+   each resumes, and every rank ends with the same model (not the 4-rank
+   trajectory: the Trainer's sums depend on the world size).
 
 Default: 10 kills of the example (every fifth a whole host, so one in each
 half) and 4 of the Trainer, about 3.5 minutes on 2 cores; 20 and 10 in the long
@@ -256,6 +259,39 @@ def kill_cycle(report, world, rng, index, last_resume_t):
     return event
 
 
+def link_down_in_save(report, hosts, work, name, args, hold, deadline, program=TRAINER, label="link"):
+    """Starts a world whose every rank waits inside the save of step `hold`
+    (--hold-save), takes host 1's link down meanwhile, and brings it back once
+    every rank has failed: nothing is committed for that step, and the world
+    resumes from the save before it. Returns the world, still running."""
+    world = TwoHostWorld(hosts, work, name, args + ["--hold-save", f"{hold}:{HOLD_MS}"], deadline, program)
+    started = time.time()
+    world.start()
+    holding = world.wait_for(lambda e: len(world.events.matching("holding", since=started, step=hold)) == 4,
+                             timeout=WAIT_S)
+    if report.check(holding is not None, f"{label}: every rank waits inside the save of step {hold}\n{world.tail()}"):
+        pids = list(current_ranks(world, started).values())
+        hosts.set_link(1, up=False)
+        cut = time.time()
+        # Down until every rank of that world has failed (the hold, then the
+        # commit's collective timing out), so the save cannot complete late;
+        # back before torchrun's agents give up on their own store (60 s).
+        gone = all_gone(pids, timeout=(HOLD_MS + TIMEOUT_MS) / 1000 + 20)
+        hosts.set_link(1, up=True)
+        left = [f"{pid}: {process_state(pid)}" for pid in pids]
+        report.check(gone, f"{label}: every rank of the cut-off world exits (left: {left})\n{world.tail()}")
+        for host in (0, 1):
+            if world.agents[host].poll() is not None:
+                world.start_agent(host)  # an agent whose rendezvous gave up while cut off
+        committed = [e for e in world.events.matching("saved", since=started) if e["step"] == hold]
+        report.check(not committed, f"{label}: no rank reports the save of step {hold} done: {committed}")
+        event = resumed_after(world, cut)
+        if report.check(event is not None, f"{label}: the world resumed once the link was back\n{world.tail()}"):
+            report.check(event["step"] == hold - 1, f"{label}: resumed at {event['step']}, the save before {hold}")
+            print(f"  {label}: link down in the save of step {hold}: resumed at {event['step']}", flush=True)
+    return world
+
+
 def kills_and_link(report, hosts, root, reference, deadline):
     rng = random.Random(SEED)
     work = os.path.join(root, "kills")
@@ -291,33 +327,8 @@ def kills_and_link(report, hosts, root, reference, deadline):
     # is cut off; the commit's collective times out on every rank.
     latest_saved = max((e["step"] for e in world.events.matching("saved", rank=0)), default=0)
     world.stop()
-    hold = latest_saved + 6
-    world = TwoHostWorld(hosts, work, "link", example_args(run, events, STEPS, common + [
-        "--hold-save", f"{hold}:{HOLD_MS}"]), deadline)
-    started = time.time()
-    world.start()
-    holding = world.wait_for(lambda e: len(world.events.matching("holding", since=started, step=hold)) == 4,
-                             timeout=WAIT_S)
-    if report.check(holding is not None, f"link: every rank waits inside the save of step {hold}\n{world.tail()}"):
-        pids = list(current_ranks(world, started).values())
-        hosts.set_link(1, up=False)
-        cut = time.time()
-        # Down until every rank of that world has failed (the hold, then the
-        # commit's collective timing out), so the save cannot complete late;
-        # back before torchrun's agents give up on their own store (60 s).
-        gone = all_gone(pids, timeout=(HOLD_MS + TIMEOUT_MS) / 1000 + 20)
-        hosts.set_link(1, up=True)
-        left = [f"{pid}: {process_state(pid)}" for pid in pids]
-        report.check(gone, f"link: every rank of the cut-off world exits (left: {left})\n{world.tail()}")
-        for host in (0, 1):
-            if world.agents[host].poll() is not None:
-                world.start_agent(host)  # an agent whose rendezvous gave up while cut off
-        committed = [e for e in world.events.matching("saved", since=started) if e["step"] == hold]
-        report.check(not committed, f"link: no rank reports the save of step {hold} done: {committed}")
-        event = resumed_after(world, cut)
-        if report.check(event is not None, f"link: the world resumed once the link was back\n{world.tail()}"):
-            report.check(event["step"] == hold - 1, f"link: resumed at {event['step']}, the save before {hold}")
-            print(f"  link down in the save of step {hold}: resumed at {event['step']}", flush=True)
+    world = link_down_in_save(report, hosts, work, "link", example_args(run, events, STEPS, common),
+                              latest_saved + 6, deadline)
     codes = world.finish()
     world.stop()
     report.check(codes == [0, 0], f"kills: agents exit {codes}\n{world.tail()}")
@@ -386,8 +397,8 @@ def ready_trainer(report, hosts, root, deadline):
     work = os.path.join(root, "trainer-kills")
     os.makedirs(work)
     run, events = os.path.join(work, "run"), os.path.join(work, "events.jsonl")
-    world = TwoHostWorld(hosts, work, "trainer-kills",
-                         example_args(run, events, steps, ["--save-every", "1", "--sleep-ms", "60"]), deadline,
+    common = ["--save-every", "1", "--sleep-ms", "60"]
+    world = TwoHostWorld(hosts, work, "trainer-kills", example_args(run, events, steps, common), deadline,
                          READY_TRAINER)
     started = time.time()
     world.start()
@@ -403,14 +414,43 @@ def ready_trainer(report, hosts, root, deadline):
             world.stop()
             return
         last = event["t"]
+    # Host 1's link taken down while every rank waits inside a save.
+    latest_saved = max((e["step"] for e in world.events.matching("saved", rank=0)), default=0)
+    world.stop()
+    world = link_down_in_save(report, hosts, work, "trainer-link", example_args(run, events, steps, common),
+                              latest_saved + 4, deadline, READY_TRAINER, "trainer, link")
     codes = world.finish()
     world.stop()
     report.check(codes == [0, 0], f"trainer, kills: agents exit {codes}\n{world.tail()}")
     final = final_of(world.events)
     report.check(final is not None and final["step"] == steps and final["sha256"] == reference["sha256"],
-                 f"trainer: after {TRAINER_KILLS} kills, the model is the straight run's: {final} vs {reference}")
+                 f"trainer: after {TRAINER_KILLS} kills and a link down, the model is the straight run's: "
+                 f"{final} vs {reference}")
     verify_run(report, "trainer, kills", run)
-    print(f"trainer: {steps} steps on 4 ranks; after {TRAINER_KILLS} kills the straight run's model", flush=True)
+    print(f"trainer: {steps} steps on 4 ranks; after {TRAINER_KILLS} kills and a link down, the straight run's "
+          "model", flush=True)
+
+    # Another number of ranks resumes the same run (on another trajectory: the
+    # batches and the sums depend on the world size).
+    log = EventLog(events)
+    for nproc, to in ((2, steps + 20), (3, steps + 40)):
+        label = f"trainer, resize: {nproc} ranks to step {to}"
+        began = time.time()
+        args = torchrun(1, nproc, f"trainer-resize{nproc}", None, 3, program=READY_TRAINER) + \
+            example_args(run, events, to)
+        result = subprocess.run(args, env=agent_env(), capture_output=True, text=True,
+                                timeout=max(10, min(WAIT_S * 3, deadline - time.monotonic())))
+        if not report.check(result.returncode == 0, f"{label}: exit {result.returncode}: "
+                            f"{(result.stdout + result.stderr)[-1500:]}"):
+            return
+        resumed = log.matching("resumed", since=began)
+        report.check(len(resumed) == nproc and all(e["world"] == nproc for e in resumed),
+                     f"{label}: every rank resumed: {resumed}")
+        ended = [e for e in log.matching("final", since=began)]
+        report.check(len(ended) == nproc and len({e["sha256"] for e in ended}) == 1 and ended[0]["step"] == to,
+                     f"{label}: every rank ends at step {to} with the same model: {ended}")
+    verify_run(report, "trainer, resize", run)
+    print(f"trainer: resized 4 -> 2 -> 3 ranks to step {steps + 40}", flush=True)
 
 
 def main():
