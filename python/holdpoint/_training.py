@@ -515,6 +515,15 @@ class _InPlaceTensors(TensorFactory):
         return value
 
 
+def _apply_failed(path: Any, name: Optional[str], failure: BaseException, unrestored: list) -> Error:
+    """state_apply_failed for a failure applying component ``name``, saying what was put back."""
+    import os
+
+    outcome = f"not restored: {', '.join(unrestored)}" if unrestored else "every component applied was restored"
+    detail = f"applying component '{name}' failed ({type(failure).__name__}: {failure}); {outcome}"
+    return Error(f"{os.fspath(path)}: {detail}", "state_apply_failed", os.fspath(path), detail)
+
+
 def _owned_except(value: Any, filled: set) -> Any:
     """_owned, leaving alone the tensors a resume in place filled (live ones,
     or fresh memory nothing else holds)."""
@@ -719,12 +728,7 @@ class TrainingState:
         states, report = _native.load_training_state(os.fspath(path), expected_sha256,
                                                      dict(limits) if limits else None, self._spec(), names,
                                                      TensorFactory("torch"), native_trust(trust))
-        order = sorted(names, key=lambda n: (_APPLY_RANK.get(n, 100), names.index(n)))
-        try:
-            for name in order:
-                _validate(self._components[name], states[name])
-        except Error as error:
-            raise Error(f"{os.fspath(path)}: {error.detail}", error.code, os.fspath(path), error.detail) from None
+        order = self._validated_order(path, names, states)
         applied: list[tuple[str, Any]] = []
         for name in order:
             component = self._components[name]
@@ -733,22 +737,38 @@ class TrainingState:
                 component.load_state_dict(_owned(states[name]))
             except Exception as failure:  # noqa: BLE001 (every failure rolls back)
                 applied.append((name, before))
-                unrestored = []
-                for done, saved in reversed(applied):
-                    try:
-                        self._components[done].load_state_dict(saved)
-                    except Exception:  # noqa: BLE001 (the others are still put back)
-                        unrestored.append(done)
-                outcome = (f"not restored: {', '.join(unrestored)}" if unrestored
-                           else "every component applied was restored")
-                detail = f"applying component '{name}' failed ({type(failure).__name__}: {failure}); {outcome}"
-                raise Error(f"{os.fspath(path)}: {detail}", "state_apply_failed", os.fspath(path), detail) from failure
+                raise _apply_failed(path, name, failure, self._put_back(applied)) from failure
             applied.append((name, before))
         if report["drift"] is not None:
             self._pending_drift = report["drift"]
         report["restored"] = order
         report["in_place"] = False
         return report
+
+    def _validated_order(self, path: Any, names: list, states: dict) -> list:
+        """The components in apply order, each state validated against its live object."""
+        import os
+
+        order = sorted(names, key=lambda n: (_APPLY_RANK.get(n, 100), names.index(n)))
+        try:
+            for name in order:
+                _validate(self._components[name], states[name])
+        except Error as error:
+            raise Error(f"{os.fspath(path)}: {error.detail}", error.code, os.fspath(path), error.detail) from None
+        return order
+
+    def _put_back(self, applied: list) -> list:
+        """Puts the applied components' saved states back, newest first (None: nothing
+        to put back); returns the names of those that could not be."""
+        unrestored = []
+        for done, saved in reversed(applied):
+            if saved is None:
+                continue
+            try:
+                self._components[done].load_state_dict(saved)
+            except Exception:  # noqa: BLE001 (the others are still put back)
+                unrestored.append(done)
+        return unrestored
 
     def _resumes_in_place(self, path: Any, memory: str) -> bool:
         import os
@@ -784,12 +804,7 @@ class TrainingState:
         factory = _InPlaceTensors()
         states, report = resume.scan(expected_sha256, dict(limits) if limits else None, self._spec(), names,
                                      factory, native_trust(trust))
-        order = sorted(names, key=lambda n: (_APPLY_RANK.get(n, 100), names.index(n)))
-        try:
-            for name in order:
-                _validate(self._components[name], states[name])
-        except Error as error:
-            raise Error(f"{os.fspath(path)}: {error.detail}", error.code, os.fspath(path), error.detail) from None
+        order = self._validated_order(path, names, states)
         applied: list[tuple[str, Any]] = []
         current = None
         try:
@@ -804,23 +819,13 @@ class TrainingState:
                 applied.append((name, None if name in live_states else copy.deepcopy(component.state_dict())))
                 component.load_state_dict(_owned_except(states[name], factory.filled))
         except Exception as failure:  # noqa: BLE001 (every failure rolls back)
-            unrestored = []
-            for done, saved in reversed(applied):
-                if saved is None:
-                    continue
-                try:
-                    self._components[done].load_state_dict(saved)
-                except Exception:  # noqa: BLE001 (the others are still put back)
-                    unrestored.append(done)
+            unrestored = self._put_back(applied)
             journal = resume.restore()
             if journal:
                 unrestored.append("the journaled model bytes" + journal)
             if isinstance(failure, Error) and current is None:
                 raise  # refused before anything was applied
-            outcome = (f"not restored: {', '.join(unrestored)}" if unrestored
-                       else "every component applied was restored")
-            detail = f"applying component '{current}' failed ({type(failure).__name__}: {failure}); {outcome}"
-            raise Error(f"{os.fspath(path)}: {detail}", "state_apply_failed", os.fspath(path), detail) from failure
+            raise _apply_failed(path, current, failure, unrestored) from failure
         if report["drift"] is not None:
             self._pending_drift = report["drift"]
         report["restored"] = order

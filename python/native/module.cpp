@@ -756,6 +756,29 @@ py::dict save_training_state(const std::filesystem::path& path, const py::handle
   return save_result_dict(result);
 }
 
+// (components, report) of a checked resume: each named component's state
+// through `to_python`, and what the file and its manifest say.
+py::tuple resumed_components(const LoadedMapping& mapping, const schema::ResumeCheck& check,
+                             const std::vector<std::string>& names, ToPython& to_python) {
+  py::dict components;
+  for (const std::string& name : names) components[py::str(name)] = to_python.convert(mapping.root.as_dict().at(name));
+  py::dict report = mapping_info(mapping);
+  report["profile"] = check.manifest.profile;
+  report["step"] = schema::progress_step_of(mapping.root);
+  if (check.max_epochs_growth) {
+    py::dict drift;
+    drift["field"] = "max_epochs";
+    drift["from"] = check.max_epochs_growth->saved;
+    drift["to"] = check.max_epochs_growth->live;
+    drift["at_step"] = schema::progress_step_of(mapping.root);
+    report["drift"] = drift;
+  } else {
+    report["drift"] = py::none();
+  }
+  report["versions"] = py::make_tuple(check.manifest.holdpoint_version, check.manifest.libtorch_version);
+  return py::make_tuple(components, report);
+}
+
 // Reads a resume checkpoint for `spec`'s run and runs every check that needs
 // no live object (schema::check_resume_root); returns (components, report).
 py::tuple load_training_state(const std::filesystem::path& path, const py::object& expected_sha256,
@@ -782,23 +805,7 @@ py::tuple load_training_state(const std::filesystem::path& path, const py::objec
     }
   }
   ToPython to_python(make_tensor);
-  py::dict components;
-  for (const std::string& name : names) components[py::str(name)] = to_python.convert(mapping.root.as_dict().at(name));
-  py::dict report = mapping_info(mapping);
-  report["profile"] = check.manifest.profile;
-  report["step"] = schema::progress_step_of(mapping.root);
-  if (check.max_epochs_growth) {
-    py::dict drift;
-    drift["field"] = "max_epochs";
-    drift["from"] = check.max_epochs_growth->saved;
-    drift["to"] = check.max_epochs_growth->live;
-    drift["at_step"] = schema::progress_step_of(mapping.root);
-    report["drift"] = drift;
-  } else {
-    report["drift"] = py::none();
-  }
-  report["versions"] = py::make_tuple(check.manifest.holdpoint_version, check.manifest.libtorch_version);
-  return py::make_tuple(components, report);
+  return resumed_components(mapping, check, names, to_python);
 }
 
 // ---- resume in place ----------------------------------------------------------------------
@@ -851,26 +858,8 @@ class InPlaceResume {
       records_.push_back(&record);
     }
     ToPython to_python(make_tensor, &absent);
-    py::dict components;
-    for (const std::string& name : names) {
-      components[py::str(name)] = to_python.convert(scanned.mapping.root.as_dict().at(name));
-    }
     mapping_ = std::move(scanned.mapping);  // the kept records' bytes live on in the StorageBuffers
-    py::dict report = mapping_info(mapping_);
-    report["profile"] = check.manifest.profile;
-    report["step"] = schema::progress_step_of(mapping_.root);
-    if (check.max_epochs_growth) {
-      py::dict drift;
-      drift["field"] = "max_epochs";
-      drift["from"] = check.max_epochs_growth->saved;
-      drift["to"] = check.max_epochs_growth->live;
-      drift["at_step"] = schema::progress_step_of(mapping_.root);
-      report["drift"] = drift;
-    } else {
-      report["drift"] = py::none();
-    }
-    report["versions"] = py::make_tuple(check.manifest.holdpoint_version, check.manifest.libtorch_version);
-    return py::make_tuple(components, report);
+    return resumed_components(mapping_, check, names, to_python);
   }
 
   // Before the first byte moves: the background journal, the file's identity.
