@@ -178,6 +178,13 @@ def check_rng_states(report, tmp):
     report.check(got["scalar"] == 1.25 and got["int"] == -5 and type(got["int"]) is int, f"NumPy scalars: {got}")
     report.check(np.array_equal(got["big"], np.arange(4)) and got["big"].dtype == np.int32, "big-endian array")
     report.check(np.array_equal(got["fortran"], extras["fortran"]), "Fortran-ordered array")
+    # uint64 across its whole range: a Python int, as NumPy's own unpickling gives.
+    seeds = {"top": np.uint64(2 ** 64 - 1), "half": np.uint64(2 ** 63), "below": np.uint64(2 ** 63 - 1)}
+    seeds_path = os.path.join(tmp, "uint64.pt")
+    torch.save(seeds, seeds_path)
+    got = holdpoint.load(seeds_path)
+    report.check(got == {k: int(v) for k, v in seeds.items()} and all(type(v) is int for v in got.values()),
+                 f"NumPy uint64 scalars: {got}")
     # Object arrays stay refused: they would need pickled Python objects.
     objects_path = os.path.join(tmp, "objects.pt")
     torch.save({"objects": np.array([1, "a"], dtype=object)}, objects_path)

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -574,6 +575,18 @@ TEST(PickleReaderNumpy, ReadsScalarsAsPlainValues) {
   EXPECT_TRUE(scalar("b1", std::string("\x01", 1)).as_bool());
   EXPECT_DOUBLE_EQ(scalar("f2", std::string("\x00\x3c", 2)).as_double(), 1.0);  // half 1.0
   EXPECT_DOUBLE_EQ(scalar("f2", std::string("\x01\x00", 2)).as_double(), std::ldexp(1.0, -24));
+  // uint64 across its whole range: up to 2^63 - 1 an int, above a big integer (a Python int).
+  EXPECT_EQ(scalar("u8", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8)).as_int(),
+            std::numeric_limits<std::int64_t>::max());
+  const Value top = scalar("u8", std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8));
+  ASSERT_EQ(top.kind(), ValueKind::big_integer);
+  EXPECT_EQ(top.as_big_integer(), std::string("\xff\xff\xff\xff\xff\xff\xff\xff\x00", 9));  // 2^64 - 1
+  const Value half = scalar("u8", std::string("\x00\x00\x00\x00\x00\x00\x00\x80", 8), "<");
+  ASSERT_EQ(half.kind(), ValueKind::big_integer);
+  EXPECT_EQ(half.as_big_integer(), std::string("\x00\x00\x00\x00\x00\x00\x00\x80\x00", 9));  // 2^63
+  const Value big_endian = scalar("u8", std::string("\x80\x00\x00\x00\x00\x00\x00\x01", 8), ">");
+  ASSERT_EQ(big_endian.kind(), ValueKind::big_integer);
+  EXPECT_EQ(big_endian.as_big_integer(), std::string("\x01\x00\x00\x00\x00\x00\x00\x80\x00", 9));
 }
 
 TEST(PickleReaderNumpy, ASharedDtypeSeesItsBuild) {
@@ -688,7 +701,9 @@ TEST(PickleReaderNumpy, RefusesMisshapenCallsAndStates) {
   binbytes(array_version, "x");
   array_version.tuple().build().stop();
   EXPECT_ERROR_CODE(read(array_version), ErrorCode::pickle_call_args_invalid);
-  EXPECT_ERROR_CODE(read(numpy_scalar("u8", std::string(8, '\xff'))), ErrorCode::pickle_int_invalid);
+  // A scalar whose bytes are not one element (every uint64 value itself is read).
+  EXPECT_ERROR_CODE(read(numpy_scalar("u8", std::string(7, '\xff'))), ErrorCode::numpy_array_invalid);
+  EXPECT_ERROR_CODE(read(numpy_scalar("u8", std::string(9, '\xff'))), ErrorCode::numpy_array_invalid);
 }
 
 TEST(PickleReaderNumpy, AnArrayIsFilledOnceAndNeverSharedBeforeThat) {

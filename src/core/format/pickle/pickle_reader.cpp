@@ -2098,10 +2098,14 @@ Item Machine::reduce_numpy_scalar(const Item& args) {
     case DType::uint32: return integer_item(load(std::uint32_t{}));
     case DType::uint64: {
       const std::uint64_t value = load(std::uint64_t{});
-      if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-        error(ErrorCode::pickle_int_invalid, "a NumPy uint64 scalar ", value, " does not fit in 64-bit signed");
+      if (value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        return integer_item(static_cast<std::int64_t>(value));
       }
-      return integer_item(static_cast<std::int64_t>(value));
+      // 2^63 and above: a Python int, as NumPy's own unpickling gives (the
+      // little-endian bytes and a zero byte for the sign).
+      std::string little_endian(9, '\0');
+      for (std::size_t i = 0; i < 8; ++i) little_endian[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+      return value_item(Value::integer_of_bytes(little_endian));
     }
     case DType::float32: return floating_item(load(float{}));
     case DType::float64: return floating_item(load(double{}));
