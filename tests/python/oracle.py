@@ -316,7 +316,16 @@ def stub_codecs_encode(text, encoding):
     return text.encode("latin1")
 
 
+def stub_empty_bytes(*args):
+    # Pickle protocol 2 writes b'' as bytes(); any argument would make data.
+    if args:
+        raise OracleError("bytes() with arguments")
+    return b""
+
+
 ALLOWED = {
+    ("builtins", "bytes"): stub_empty_bytes,
+    ("__builtin__", "bytes"): stub_empty_bytes,
     ("collections", "OrderedDict"): stub_ordered_dict,
     ("collections", "Counter"): stub_counter,
     ("torch._utils", "_rebuild_tensor_v2"): stub_rebuild_tensor_v2,

@@ -185,6 +185,13 @@ def check_rng_states(report, tmp):
     got = holdpoint.load(seeds_path)
     report.check(got == {k: int(v) for k, v in seeds.items()} and all(type(v) is int for v in got.values()),
                  f"NumPy uint64 scalars: {got}")
+    # Empty arrays: pickle protocol 2 writes their b'' data as bytes().
+    empties = {"rows": np.zeros((0, 3), dtype=np.float32), "none": np.array([], dtype=np.int64)}
+    empties_path = os.path.join(tmp, "empty_arrays.pt")
+    torch.save(empties, empties_path)
+    got = holdpoint.load(empties_path)
+    report.check(all(got[k].shape == v.shape and got[k].dtype == v.dtype for k, v in empties.items()),
+                 f"empty NumPy arrays: {got}")
     # Object arrays stay refused: they would need pickled Python objects.
     objects_path = os.path.join(tmp, "objects.pt")
     torch.save({"objects": np.array([1, "a"], dtype=object)}, objects_path)

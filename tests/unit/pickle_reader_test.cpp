@@ -542,6 +542,42 @@ TEST(PickleReaderNumpy, ReadsAnArrayAsATensorOverItsOwnCopy) {
   }
 }
 
+// An empty array: pickle protocol 2 writes its b'' data as bytes() with no arguments.
+TEST(PickleReaderNumpy, ReadsAnEmptyArrayWhoseDataIsBytesCalledWithNothing) {
+  for (const char* module : {"__builtin__", "builtins"}) {
+    SCOPED_TRACE(module);
+    PickleBuilder p;
+    p.proto(2);
+    reconstruct(p);
+    p.mark().integer(1).int_tuple({0, 3});
+    numpy_dtype(p, "f4");
+    p.boolean(false);
+    p.global(module, "bytes").empty_tuple().reduce();
+    p.tuple().build().stop();
+    const TensorData& empty = read_value(p).as_tensor();
+    EXPECT_EQ(empty.sizes, (std::vector<std::int64_t>{0, 3}));
+    EXPECT_EQ(empty.dtype, DType::float32);
+    EXPECT_EQ(empty.numel(), 0);
+  }
+  // bytes() is read only without arguments: bytes(n) or bytes(iterable) would make data.
+  PickleBuilder sized;
+  sized.proto(2).global("__builtin__", "bytes").integer(1000000).tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(sized), ErrorCode::pickle_call_args_invalid);
+  PickleBuilder from_list;
+  from_list.proto(2).global("builtins", "bytes").empty_list().tuple1().reduce().stop();
+  EXPECT_ERROR_CODE(read(from_list), ErrorCode::pickle_call_args_invalid);
+  // An empty array whose shape says otherwise: its data must still be the elements'.
+  PickleBuilder mismatched;
+  mismatched.proto(2);
+  reconstruct(mismatched);
+  mismatched.mark().integer(1).int_tuple({2});
+  numpy_dtype(mismatched, "f4");
+  mismatched.boolean(false);
+  mismatched.global("__builtin__", "bytes").empty_tuple().reduce();
+  mismatched.tuple().build().stop();
+  EXPECT_ERROR_CODE(read(mismatched), ErrorCode::numpy_array_invalid);
+}
+
 TEST(PickleReaderNumpy, SwapsBigEndianArraysAndKeepsFortranOrder) {
   PickleBuilder p;
   p.proto(3).empty_dict().str("big");

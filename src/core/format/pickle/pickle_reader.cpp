@@ -66,6 +66,7 @@ enum class GlobalKind : std::uint8_t {
   rebuild_tensor_v3,
   rebuild_parameter,
   codecs_encode,
+  empty_bytes,           // bytes(): how pickle protocol 2 writes b'' (a NumPy empty array's data)
   storage_type,          // torch.<X>Storage: a persistent-id tag, never called
   untyped_storage_type,  // torch.UntypedStorage: likewise
   dtype,                 // torch.<dtype>: only as _rebuild_tensor_v3's dtype
@@ -262,6 +263,7 @@ std::string global_name(const GlobalRef& global) {
     case GlobalKind::rebuild_tensor_v3: return "torch._utils._rebuild_tensor_v3";
     case GlobalKind::rebuild_parameter: return "torch._utils._rebuild_parameter";
     case GlobalKind::codecs_encode: return "_codecs.encode";
+    case GlobalKind::empty_bytes: return "builtins.bytes";
     case GlobalKind::storage_type: return "torch." + std::string(*dtype_storage_class(global.dtype));
     case GlobalKind::untyped_storage_type: return "torch.UntypedStorage";
     case GlobalKind::dtype: return "torch." + std::string(dtype_name(global.dtype));
@@ -657,6 +659,7 @@ class Machine {
   Item reduce_ordered_dict(const Item& args);
   Item reduce_counter(const Item& args);
   Item reduce_codecs_encode(const Item& args);
+  Item reduce_empty_bytes(const Item& args);
   Item reduce_tensor(const Item& args, bool v3);
   Item tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset, bool requires_grad,
                    Dims sizes, Dims strides);
@@ -1340,6 +1343,7 @@ GlobalRef Machine::resolve_global(std::string_view module, std::string_view name
     if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType, 0};
   }
   if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType, 0};
+  if ((module == "__builtin__" || module == "builtins") && name == "bytes") return {GlobalKind::empty_bytes, kNoDType, 0};
   if (module == "numpy._core.multiarray" || module == "numpy.core.multiarray") {
     if (name == "_reconstruct") return {GlobalKind::numpy_reconstruct, kNoDType, 0};
     if (name == "scalar") return {GlobalKind::numpy_scalar, kNoDType, 0};
@@ -1574,6 +1578,7 @@ void Machine::do_reduce() {
     case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(args, true)); return;
     case GlobalKind::rebuild_parameter: push(reduce_parameter(args)); return;
     case GlobalKind::codecs_encode: push(reduce_codecs_encode(args)); return;
+    case GlobalKind::empty_bytes: push(reduce_empty_bytes(args)); return;
     case GlobalKind::numpy_dtype: push(reduce_numpy_dtype(args)); return;
     case GlobalKind::numpy_reconstruct: push(reduce_numpy_reconstruct(args)); return;
     case GlobalKind::numpy_scalar: push(reduce_numpy_scalar(args)); return;
@@ -1674,6 +1679,21 @@ Item Machine::reduce_codecs_encode(const Item& args) {
     }
   }
   const Value owned = Value::bytes(std::move(bytes));
+  Item item = text_item(ItemKind::bytes, owned.as_bytes());
+  texts_[item.index].owned = values_.size();
+  values_.push_back(owned);
+  return item;
+}
+
+// bytes(), with no arguments: b''. Pickle protocol 2 writes an empty bytes
+// object so (Python 3's save_bytes), and a NumPy empty array's data with it.
+// Any argument would make bytes from something else, so none is taken.
+Item Machine::reduce_empty_bytes(const Item& args) {
+  if (tuple_size(args) != 0) {
+    error(ErrorCode::pickle_call_args_invalid, "bytes() is read only without arguments (an empty bytes object), not ",
+          tuple_size(args), " of them");
+  }
+  const Value owned = Value::bytes(std::string());
   Item item = text_item(ItemKind::bytes, owned.as_bytes());
   texts_[item.index].owned = values_.size();
   values_.push_back(owned);
