@@ -10,12 +10,14 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
+#include <csignal>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <unistd.h>
 
 #include "holdpoint/dist/data_parallel.h"
+#include "holdpoint/run/preemption.h"
 #include "holdpoint/state/lr_scheduler.h"
 #include "holdpoint/state/sampler.h"
 #include "support/rank_threads.h"
@@ -181,6 +183,51 @@ TEST_F(DataParallel, AChangedWorldSizeResumesWhenAllowed) {
   const Outcome one = train(root_ / "run", 1, 24, 9, options);
   EXPECT_EQ(one.resumed_from[0], 6);
   EXPECT_EQ(one.losses[0].size(), 9u);
+}
+
+// A preemption signal reaches the processes at different moments; the ranks
+// agree on it at every step boundary, so they stop at the same step and save
+// it together. Here only rank 0 installs the handler and asks for a stop after
+// step 3; rank 1 stops there too, and the run resumes onto the straight
+// trajectory.
+TEST_F(DataParallel, APreemptionSeenByOneRankStopsEveryRankAtTheSameStep) {
+  const Outcome straight = train(root_ / "straight", 2, 24, 10);
+  std::vector<std::int64_t> stopped_at(2, -1);
+  std::vector<FitOutcome> outcomes(2, FitOutcome::finished);
+  expect_all_ok(run_ranks(2, [&](std::int64_t rank, c10d::ProcessGroup& group) {
+    Rank r(rank, 2, 24, 10, /*save_every=*/100);
+    if (rank == 0) {
+      // The only guard of the process; rank 1 learns of the request through the agreement alone.
+      TrainerOptions options;
+      options.batch_size = 2;
+      options.max_epochs = 100;
+      options.max_steps = 10;
+      options.semantic_identity = "data-parallel-test";
+      options.loss_identity = "mse";
+      options.checkpointing.cadence.every_steps = 100;
+      options.handle_preemption_signals = true;
+      r.trainer = std::make_unique<Trainer>(
+          *r.model, [&r](const at::Tensor& in) { return r.model->forward(in); }, *r.optimizer,
+          [](const at::Tensor& out, const at::Tensor& target) { return torch::nn::functional::mse_loss(out, target); },
+          r.x, r.y, *r.sampler, options);
+      r.trainer->set_scheduler(*r.scheduler);
+    }
+    make_data_parallel(*r.trainer, *r.sampler, group, root_ / "preempted");
+    const auto slot = static_cast<std::size_t>(rank);
+    outcomes[slot] = r.trainer->fit([&](const StepRecord& record) {
+      if (rank == 0 && record.step == 3) PreemptionGuard::request(SIGTERM);
+    });
+    stopped_at[slot] = r.trainer->progress().global_step;
+  }));
+  PreemptionGuard::reset();
+  EXPECT_EQ(outcomes[0], FitOutcome::preempted);
+  EXPECT_EQ(outcomes[1], FitOutcome::preempted);
+  EXPECT_EQ(stopped_at[0], 3);
+  EXPECT_EQ(stopped_at[1], 3);
+  EXPECT_TRUE(std::filesystem::exists(root_ / "preempted" / "checkpoints" / "step-00000003.shards"));
+  const Outcome resumed = train(root_ / "preempted", 2, 24, 10);
+  EXPECT_EQ(resumed.resumed_from[0], 3);
+  EXPECT_TRUE(same(resumed.parameters[0], straight.parameters[0])) << "the preempted run left the trajectory";
 }
 
 TEST_F(DataParallel, RefusesASamplerOfAnotherRankOrATimedCadence) {

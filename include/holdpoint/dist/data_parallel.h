@@ -12,6 +12,9 @@
 //     scheduler and early stopping agree on every rank;
 //   - an epoch ends on every rank when any rank's sampler has run out (a
 //     DistributedSampler's uneven tail is dropped);
+//   - a preemption signal (TrainerOptions::handle_preemption_signals) that
+//     reaches any rank stops every rank at the same step boundary, where they
+//     save together and fit() returns FitOutcome::preempted on each;
 //   - checkpoints are DistributedCheckpointer generations in `run`, at the
 //     trainer's step and epoch cadence (TrainerOptions::checkpointing.cadence)
 //     and at the end of fit(); fit() first resumes from LATEST on every rank,

@@ -131,6 +131,10 @@ struct TrainerParallelism {
   // others' few remaining rows are dropped, as DistributedSampler's uneven
   // tail).
   std::function<std::int64_t(std::int64_t local_remaining)> agree_remaining;
+  // Whether any process has this flag set: fit() asks it at every step
+  // boundary whether a preemption signal arrived anywhere (a signal reaches
+  // the processes at different moments; all must stop at the same step).
+  std::function<bool(bool local)> agree_any;
   std::unique_ptr<TrainerCheckpoints> checkpoints;
 };
 

@@ -107,6 +107,11 @@ DistributedCheckpointer& make_data_parallel(Trainer& trainer, const DistributedS
     value.data_ptr<std::int64_t>()[0] = local;
     return all_reduce(*reducer, value, c10d::ReduceOp::MIN).data_ptr<std::int64_t>()[0];
   };
+  parallel.agree_any = [reducer](bool local) {
+    at::Tensor value = at::zeros({1}, at::kLong);
+    value.data_ptr<std::int64_t>()[0] = local ? 1 : 0;
+    return all_reduce(*reducer, value, c10d::ReduceOp::MAX).data_ptr<std::int64_t>()[0] != 0;
+  };
   // The checkpointer sets the state's environment (distributed, world size,
   // rank-local generators); the trainer keeps it from then on.
   TrainingState& state = trainer.state();

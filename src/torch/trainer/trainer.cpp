@@ -345,8 +345,13 @@ FitOutcome Trainer::fit(const std::function<void(const StepRecord&)>& on_step) {
     t.checkpoints->save(t.generation_after_last_step());
     t.checkpoints->wait();
   };
+  // A preemption request, agreed by every process when parallel.
+  const auto preempted = [&] {
+    const bool local = guard && PreemptionGuard::requested();
+    return t.parallel.agree_any ? t.parallel.agree_any(local) : local;
+  };
   while (!finished()) {
-    if (guard && PreemptionGuard::requested()) {
+    if (preempted()) {
       save_now();
       return FitOutcome::preempted;
     }
