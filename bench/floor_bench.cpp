@@ -337,7 +337,8 @@ int run_child(const std::vector<std::string>& args) {
     seconds = raw_read(args.at(1), args.at(2) == "loader");
   } else if (kind == "load") {
     holdpoint::LoadOptions options;
-    options.expected_sha256 = holdpoint::Sha256Digest::parse(args.at(2));
+    // "-": no expected digest, so no SHA-256 pass (CRC-32s and structure only).
+    if (args.at(2) != "-") options.expected_sha256 = holdpoint::Sha256Digest::parse(args.at(2));
     holdpoint::LoadedMapping mapping;
     seconds = seconds_of([&] { mapping = holdpoint::load_checkpoint_mapping(args.at(1), options); });
     if (!mapping.root.is_dict()) return 1;
@@ -479,6 +480,11 @@ void big_case(const Paths& paths, std::int64_t mib, int repeat) {
     const double s = seconds_of([&] { mapping = holdpoint::load_checkpoint_mapping(generation, verified); });
     return s;
   });
+  const double unchecked_fresh = child_median(repeat, {paths.self, "--child", "load", generation.string(), "-"});
+  const double unchecked_warm = median_of(repeat, [&] {
+    holdpoint::LoadedMapping mapping;
+    return seconds_of([&] { mapping = holdpoint::load_checkpoint_mapping(generation); });
+  });
   const double libtorch_load_fresh = child_median(repeat, {paths.self, "--child", "torch-load", libtorch.string()});
   const double libtorch_load_warm = median_of(repeat, [&] {
     std::vector<at::Tensor> loaded;
@@ -516,6 +522,8 @@ void big_case(const Paths& paths, std::int64_t mib, int repeat) {
   std::printf("| CheckpointManager::resume (LATEST digest, validation, apply into live model + Adam) | %.3f | %.3f |\n",
               resume_fresh, resume_warm);
   std::printf("| load_checkpoint_mapping with expected SHA-256 | %.3f | %.3f |\n", load_fresh, load_warm);
+  std::printf("| load_checkpoint_mapping, no digest (CRC-32s and structure; no SHA-256) | %.3f | %.3f |\n",
+              unchecked_fresh, unchecked_warm);
   std::printf("| floor: raw read into fresh 4 KiB pages | %.3f | %.3f |\n", reads.small_fresh, reads.small_warm);
   std::printf("| floor: raw read into the loader's memory, filled its way (huge pages when free and fast) "
               "| %.3f | %.3f |\n",
@@ -530,6 +538,10 @@ void big_case(const Paths& paths, std::int64_t mib, int repeat) {
   target("1 GiB resume, warm / max(raw read, SHA-256)", resume_warm / warm_floor, 1.15, true, "");
   target("1 GiB load_checkpoint_mapping + digest, fresh / floor", load_fresh / fresh_floor, 1.15, true, "");
   target("1 GiB load_checkpoint_mapping + digest, warm / floor", load_warm / warm_floor, 1.15, true, "");
+  target("1 GiB load_checkpoint_mapping (no digest) / LibTorch torch::load, fresh process",
+         unchecked_fresh / libtorch_load_fresh, 1.0, true, "");
+  target("1 GiB load_checkpoint_mapping (no digest) / LibTorch torch::load, warm", unchecked_warm / libtorch_load_warm,
+         1.0, true, "");
   target("1 GiB holdpoint verify / openssl dgst -sha256 (whole process)", verify_wall / openssl_wall, 1.3, true, "");
   target("1 GiB holdpoint verify: extra RSS (MiB) over a bare start",
          static_cast<double>(verify_rss - std::min(verify_rss, tiny_verify.max_rss_bytes)) / (1 << 20), 256, true, "");

@@ -57,17 +57,22 @@ def _path(path: PathLike) -> str:
 
 
 def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-                   tensors: str = "auto", trust: Optional[TrustPolicy] = None) -> tuple[Any, dict]:
+                   tensors: str = "auto", trust: Optional[TrustPolicy] = None,
+                   compute_sha256: bool = False) -> tuple[Any, dict]:
     """Like :func:`load`, and also returns what was checked: ``{"format", "sha256",
-    "digest_checked", "bytes", "warnings"}``. A ``torch.distributed.checkpoint``
-    folder reads as :func:`load` reads it, with format
-    ``"torch.distributed.checkpoint"``, no ``"bytes"`` and ``sha256`` None."""
+    "digest_checked", "bytes", "warnings"}``. ``sha256`` is the file's digest
+    where one was computed: always with ``expected_sha256`` or ``trust``
+    (``digest_checked`` is then True), and with ``compute_sha256=True``;
+    otherwise None, since a load with no digest to check skips the hash pass.
+    A ``torch.distributed.checkpoint`` folder reads as :func:`load` reads it,
+    with format ``"torch.distributed.checkpoint"``, no ``"bytes"`` and
+    ``sha256`` None."""
     if _native.is_distributed_checkpoint(_path(path)):
         _refuse_digest_of_folder(path, expected_sha256, trust)
         root = load_distributed_checkpoint(path, limits=limits, tensors=tensors)
         return root, _folder_info()
     root, info = _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors),
-                              native_trust(trust))
+                              native_trust(trust), compute_sha256)
     if info["format"] == "safetensors":
         root = dict(root)  # as safetensors.torch.load_file returns it
     return root, info
@@ -101,6 +106,11 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
     - ``trust``: a :class:`TrustPolicy`; the file's signature (``<path>.sig``) is
       checked before a byte of it is read, and the digest it vouches for becomes
       the one the file must have.
+    - With neither, the file is not hashed: every zip CRC-32 and structural
+      rule is still checked, so damage is still refused (``zip_crc_mismatch``
+      and others), but no SHA-256 is computed, as none could be compared. This
+      keeps a load as fast as ``torch.load(weights_only=True)``. Ask for the
+      digest with :func:`load_with_info` and ``compute_sha256=True``.
     - ``limits``: bounds of the reader, by ``holdpoint::Limits`` field name
       (``{"max_tensors": 1000}``); docs/format.md section 9 lists them.
     - ``tensors``: ``"torch"`` gives ``torch.Tensor`` (an ``nn.Parameter`` where

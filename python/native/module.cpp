@@ -307,7 +307,7 @@ class ToPython {
 py::dict mapping_info(const LoadedMapping& mapping) {
   py::dict info;
   info["format"] = std::string(file_format_name(mapping.format));
-  info["sha256"] = mapping.sha256.hex();
+  info["sha256"] = mapping.sha256 ? py::object(py::str(mapping.sha256->hex())) : py::object(py::none());
   info["digest_checked"] = mapping.digest_checked;
   info["bytes"] = mapping.file_bytes;
   info["warnings"] = mapping.warnings;
@@ -427,8 +427,9 @@ class FromPython {
 // ---- entry points ---------------------------------------------------------------------------
 
 py::tuple load(const std::filesystem::path& path, const py::object& expected_sha256, const py::object& limits,
-               const py::object& make_tensor, const py::object& trust) {
-  const LoadOptions options = load_options(expected_sha256, limits, trust);
+               const py::object& make_tensor, const py::object& trust, bool compute_sha256) {
+  LoadOptions options = load_options(expected_sha256, limits, trust);
+  options.compute_sha256 = compute_sha256;
   LoadedMapping mapping;
   {
     py::gil_scoped_release released;
@@ -787,7 +788,8 @@ py::tuple load_training_state(const std::filesystem::path& path, const py::objec
   // A run's configuration holds no tensors: the converter refuses any.
   FromPython from_python(py::cpp_function([](const py::handle&) { return py::none(); }));
   const RunSpec run = run_spec(spec, from_python);
-  const LoadOptions options = load_options(expected_sha256, limits, trust);
+  LoadOptions options = load_options(expected_sha256, limits, trust);
+  options.compute_sha256 = true;  // the report names the file's digest, as the C++ TrainingState's does
   LoadedMapping mapping;
   schema::ResumeCheck check;
   {
@@ -1138,7 +1140,7 @@ PYBIND11_MODULE(_native, m) {
       .def("__len__", [](const StorageBuffer& buffer) { return buffer.storage->nbytes(); });
 
   m.def("load", &load, py::arg("path"), py::arg("expected_sha256"), py::arg("limits"), py::arg("make_tensor"),
-        py::arg("trust") = py::none());
+        py::arg("trust") = py::none(), py::arg("compute_sha256") = false);
   m.def("diff", &diff_files, py::arg("a"), py::arg("b"), py::arg("atol"), py::arg("rtol"), py::arg("limits"),
         py::arg("trust"));
   m.def("sign", &sign_file, py::arg("path"), py::arg("key"), py::arg("previous_sha256"), py::arg("limits"));

@@ -187,6 +187,45 @@ TEST_P(SnapshotParserContract, DigestIsTheFilesWithOrWithoutAParserAndTheParserS
   EXPECT_TRUE(bytes_in(checked) == bytes_);
 }
 
+TEST_P(SnapshotParserContract, WithTheHashSkippedEveryByteIsReadAndNoDigestIsMade) {
+  // Hashing::when_expected with no expected digest: read only.
+  std::vector<std::size_t> hashed_reports;
+  bool awaited = false;
+  const io::Snapshot skipped = io::read_snapshot(
+      path_, bytes_.size() + 1, std::nullopt, {},
+      [&](const std::shared_ptr<io::Buffer>& buffer, const io::SnapshotReading& reading) {
+        hashed_reports.push_back(reading.bytes_hashed());
+        reading.await_bytes(0, buffer->size());
+        hashed_reports.push_back(reading.bytes_hashed());
+        reading.await_digest();
+        awaited = true;
+        hashed_reports.push_back(reading.bytes_hashed());
+      },
+      io::Hashing::when_expected);
+  EXPECT_FALSE(skipped.hashed);
+  EXPECT_EQ(skipped.sha256, Sha256Digest{}) << "no digest is made up";
+  EXPECT_TRUE(bytes_in(skipped) == bytes_);
+  EXPECT_TRUE(awaited);
+  ASSERT_EQ(hashed_reports.size(), 3u);
+  // bytes_hashed follows the read in order, never past what is in.
+  EXPECT_TRUE(std::is_sorted(hashed_reports.begin(), hashed_reports.end()));
+  EXPECT_LE(hashed_reports[0], bytes_.size());
+  EXPECT_EQ(hashed_reports[2], bytes_.size()) << "every byte is in once await_digest returns";
+  // Without a parser, too.
+  const io::Snapshot plain = io::read_snapshot(path_, bytes_.size() + 1, std::nullopt, {}, {}, io::Hashing::when_expected);
+  EXPECT_FALSE(plain.hashed);
+  EXPECT_TRUE(bytes_in(plain) == bytes_);
+  // An expected digest is always checked, whatever the mode.
+  const io::Snapshot checked = io::read_snapshot(path_, bytes_.size() + 1, digest_, {}, {}, io::Hashing::when_expected);
+  EXPECT_TRUE(checked.hashed);
+  EXPECT_EQ(checked.sha256, digest_);
+  EXPECT_ERROR_CODE(io::read_snapshot(path_, bytes_.size() + 1, wrong(digest_), {}, [](const auto&, const auto&) {},
+                                      io::Hashing::when_expected),
+                    ErrorCode::sha256_mismatch);
+  // The default mode hashes with nothing to check the digest against.
+  EXPECT_TRUE(read(std::nullopt).hashed);
+}
+
 TEST_P(SnapshotParserContract, ASucceedingParserDoesNotHideADigestMismatch) {
   bool ran = false;
   EXPECT_ERROR_CODE(read(wrong(digest_), [&](const auto&, const auto&) { ran = true; }), ErrorCode::sha256_mismatch);
@@ -380,7 +419,10 @@ TEST(LargeCheckpointDigest, AWrongExpectedDigestIsRefusedOnTheThreadedPath) {
 
   const LoadedMapping unchecked = load_checkpoint_mapping(path);
   EXPECT_FALSE(unchecked.digest_checked) << "no digest was given, so none was checked";
-  EXPECT_EQ(unchecked.sha256, saved.sha256);
+  EXPECT_EQ(unchecked.sha256, std::nullopt) << "and none was computed, on the threaded path either";
+  LoadOptions hashing;
+  hashing.compute_sha256 = true;
+  EXPECT_EQ(load_checkpoint_mapping(path, hashing).sha256, std::optional<Sha256Digest>(saved.sha256));
 }
 
 TEST(LargeCheckpointDigest, AFlippedByteIsADigestMismatchWithADigestAndACrcMismatchWithout) {
@@ -434,7 +476,9 @@ TEST(LargeCheckpointDigest, ABigEndianArchiveIsSwappedOnlyAfterItsDigest) {
     EXPECT_EQ(loaded.markers.byteorder, std::optional<std::string>("big"));
     EXPECT_EQ(loaded.sha256, digest);
     EXPECT_EQ(describe_difference(loaded.root, root), "");
-    EXPECT_EQ(load_checkpoint_mapping(path).sha256, digest);
+    LoadOptions hashing;
+    hashing.compute_sha256 = true;
+    EXPECT_EQ(load_checkpoint_mapping(path, hashing).sha256, digest);
     EXPECT_ERROR_CODE(load_checkpoint_mapping(path, expecting(wrong(digest))), ErrorCode::sha256_mismatch);
   }
 }

@@ -58,7 +58,14 @@ TEST(MappingApi, SaveThenLoadRoundTripsContentAndDigest) {
 
   const LoadedMapping loaded = load_checkpoint_mapping(path);
   EXPECT_EQ(loaded.format, FileFormat::pytorch_zip);
-  EXPECT_EQ(loaded.sha256, saved.sha256);
+  // No digest expected, none asked for: the load computes none.
+  EXPECT_EQ(loaded.sha256, std::nullopt);
+  EXPECT_FALSE(loaded.digest_checked);
+  LoadOptions hashing;
+  hashing.compute_sha256 = true;
+  const LoadedMapping hashed = load_checkpoint_mapping(path, hashing);
+  EXPECT_EQ(hashed.sha256, std::optional<Sha256Digest>(saved.sha256));
+  EXPECT_FALSE(hashed.digest_checked);
   EXPECT_EQ(describe_difference(original, loaded.root), "");
   EXPECT_EQ(loaded.markers.archive_name, "archive");
   EXPECT_EQ(loaded.markers.version, std::optional<std::uint64_t>(3));

@@ -94,7 +94,7 @@ class StructureText {
 std::string describe(const LoadedMapping& mapping) {
   std::ostringstream out;
   const FormatMarkers& m = mapping.markers;
-  out << file_format_name(mapping.format) << ' ' << mapping.sha256.hex() << ' ' << mapping.file_bytes
+  out << file_format_name(mapping.format) << ' ' << mapping.sha256->hex() << ' ' << mapping.file_bytes
       << " digest_checked=" << mapping.digest_checked << '\n'
       << "markers " << m.archive_name << ' ' << m.version.value_or(0) << ' ' << m.byteorder.value_or("-") << ' '
       << m.format_version.value_or(0) << ' ' << m.storage_alignment.value_or(0) << ' '
@@ -132,8 +132,14 @@ Outcome outcome_of(Read read) {
 Outcome scanned(const std::filesystem::path& path, const LoadOptions& options = {}) {
   return outcome_of([&] { return scan_checkpoint(path, options); });
 }
+// A scan always hashes the file; the load it is compared with is asked to as well.
+LoadOptions hashing(LoadOptions options) {
+  options.compute_sha256 = true;
+  return options;
+}
+
 Outcome loaded(const std::filesystem::path& path, const LoadOptions& options = {}) {
-  return outcome_of([&] { return load_checkpoint_mapping(path, options); });
+  return outcome_of([&] { return load_checkpoint_mapping(path, hashing(options)); });
 }
 
 // A ScanKeeps::verdict scan of `path` gives the load's code, or its reading
@@ -142,7 +148,7 @@ void expect_verdict_as_load(const std::filesystem::path& path) {
   std::optional<ErrorCode> load_code, verdict_code;
   LoadedMapping full, verdict;
   try {
-    full = load_checkpoint_mapping(path);
+    full = load_checkpoint_mapping(path, hashing({}));
   } catch (const Error& error) {
     load_code = error.code();
   }

@@ -212,6 +212,7 @@ int run_inspect(const InspectArguments& args) {
   try {
     LoadOptions options;
     options.progress = terminal_progress("reading " + args.file);
+    options.compute_sha256 = true;  // the report names the file's SHA-256
     // Without --digests no tensor byte is shown, so the file is streamed and
     // memory stays bounded whatever its size; --digests needs the bytes.
     mapping = args.digests ? load_checkpoint_mapping(args.file, options) : scan_checkpoint(args.file, options);
@@ -249,7 +250,7 @@ int run_inspect(const InspectArguments& args) {
     out["file"] = args.file;
     out["format"] = std::string(file_format_name(mapping.format));
     out["bytes"] = mapping.file_bytes;
-    out["sha256"] = mapping.sha256.hex();
+    out["sha256"] = mapping.sha256->hex();
     out["markers"] = markers_json(mapping.markers);
     nlohmann::ordered_json records = nlohmann::ordered_json::array();
     for (const RecordInfo& record : mapping.records) {
@@ -266,7 +267,7 @@ int run_inspect(const InspectArguments& args) {
   std::ostream& out = std::cout;
   out << "file:     " << args.file << "\n";
   out << "format:   " << file_format_name(mapping.format) << ", " << mapping.file_bytes << " bytes\n";
-  out << "sha256:   " << mapping.sha256.hex() << "\n";
+  out << "sha256:   " << mapping.sha256->hex() << "\n";
   out << "producer: " << mapping.markers.producer << "\n";
   const auto markers = markers_json(mapping.markers);
   out << "markers: ";

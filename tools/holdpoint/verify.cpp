@@ -149,7 +149,7 @@ int verify_sharded(const VerifyArguments& args, const LoadedMapping& mapping, bo
   }
   report["valid"] = !code.has_value();
   report["format"] = std::string(file_format_name(mapping.format));
-  report["sha256"] = mapping.sha256.hex();
+  report["sha256"] = mapping.sha256->hex();
   report["digest_checked"] = digest_checked;
   if (manifest.sharding) {
     report["sharding"] = {{"world_size", manifest.sharding->world_size},
@@ -174,7 +174,7 @@ int verify_sharded(const VerifyArguments& args, const LoadedMapping& mapping, bo
     return exit_code;
   }
   std::cout << "valid: " << args.file << " (sharded step manifest, world size " << manifest.sharding->world_size
-            << ", step " << manifest.sharding->step << ", sha256 " << mapping.sha256.hex()
+            << ", step " << manifest.sharding->step << ", sha256 " << mapping.sha256->hex()
             << (digest_checked ? ", digest matches" : "") << "; " << manifest.sharding->world_size
             << (manifest.sharding->world_size == 1 ? " shard" : " shards")
             << " verified: size, SHA-256, identity, component digests)\n";
@@ -208,7 +208,7 @@ int verify_dcp(const VerifyArguments& args, const LoadedMapping& mapping, bool d
     report["file"] = args.file;
     report["valid"] = true;
     report["format"] = std::string(file_format_name(mapping.format));
-    report["sha256"] = mapping.sha256.hex();
+    report["sha256"] = mapping.sha256->hex();
     report["digest_checked"] = digest_checked;
     report["dcp"] = {{"world_size", manifest.dcp->world_size},
                      {"step", manifest.dcp->step},
@@ -218,7 +218,7 @@ int verify_dcp(const VerifyArguments& args, const LoadedMapping& mapping, bool d
     return kExitOk;
   }
   std::cout << "valid: " << args.file << " (DCP step manifest, world size " << manifest.dcp->world_size << ", step "
-            << manifest.dcp->step << ", sha256 " << mapping.sha256.hex() << (digest_checked ? ", digest matches" : "")
+            << manifest.dcp->step << ", sha256 " << mapping.sha256->hex() << (digest_checked ? ", digest matches" : "")
             << "; " << manifest.dcp->files.size() << " files in " << shard_directory_name(manifest.dcp->step) << "/, "
             << ranges << " items verified: sizes, SHA-256 of every item, .metadata's items listed)\n";
   return kExitOk;
@@ -305,7 +305,7 @@ int run_verify(const VerifyArguments& args) {
     }
     report["valid"] = true;
     report["format"] = std::string(file_format_name(mapping.format));
-    report["sha256"] = mapping.sha256.hex();
+    report["sha256"] = mapping.sha256->hex();
     report["digest_checked"] = mapping.digest_checked;
     if (signature) {
       report["signed_by"] = signature->key_id;
@@ -315,7 +315,7 @@ int run_verify(const VerifyArguments& args) {
       std::cout << report.dump(2) << "\n";
     } else {
       std::cout << "valid: " << args.file << " (" << file_format_name(mapping.format) << ", sha256 "
-                << mapping.sha256.hex() << (mapping.digest_checked ? ", digest matches" : "")
+                << mapping.sha256->hex() << (mapping.digest_checked ? ", digest matches" : "")
                 << (signature ? ", signed by key " + signature->key_id + " at " + signature->statement.created : "")
                 << ")\n";
     }

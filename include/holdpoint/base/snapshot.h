@@ -114,8 +114,16 @@ std::uint64_t free_bytes_in_blocks_of(std::string_view buddyinfo, std::size_t bl
 
 struct Snapshot {
   std::shared_ptr<Buffer> buffer;
+  // The file's SHA-256; all zeros when the read was asked to skip the hash
+  // (Hashing::when_expected with no expected digest), which `hashed` says.
   Sha256Digest sha256;
+  bool hashed = true;
 };
+
+// Whether read_snapshot computes the file's SHA-256. `when_expected` skips it
+// when there is no expected digest to check: the read then costs a read,
+// not a read plus a hash pass (a load that only checks structure and CRCs).
+enum class Hashing { always, when_expected };
 
 // Called on the reading thread with (bytes read, file size) every few dozen
 // MiB of a large file, and once at the end.
@@ -124,13 +132,14 @@ using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)
 // What read_snapshot hands a SnapshotParser along with the buffer. Every
 // function may be called from any thread, any number of times.
 struct SnapshotReading {
-  // Returns once the file's SHA-256 is known, and so once every byte is in
-  // the buffer; throws sha256_mismatch where it differs from the expected
-  // one. A parser calls it before it writes anything into the buffer.
+  // Returns once the file's SHA-256 is known (or, with the hash skipped,
+  // once every byte is read), and so once every byte is in the buffer;
+  // throws sha256_mismatch where it differs from the expected one. A parser
+  // calls it before it writes anything into the buffer.
   std::function<void()> await_digest;
   // How many bytes from the start of the buffer the hasher has taken in so
-  // far: it only grows, and is the buffer's size once await_digest has
-  // returned. A parser that gives pages back (MADV_DONTNEED, which turns them
+  // far (with the hash skipped, how many are read in order): it only grows,
+  // and is the buffer's size once await_digest has returned. A parser that gives pages back (MADV_DONTNEED, which turns them
   // into zeros) may do so only below it.
   std::function<std::size_t()> bytes_hashed;
   // Returns once [offset, offset + size) (cut at the buffer's end) holds the
@@ -159,12 +168,14 @@ using SnapshotParser = std::function<void(const std::shared_ptr<Buffer>& buffer,
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,
-                       const ReadProgress& progress = {}, const SnapshotParser& parse = {});
+                       const ReadProgress& progress = {}, const SnapshotParser& parse = {},
+                       Hashing hashing = Hashing::always);
 
 // The same from an open descriptor (not closed here); `label` names the file
 // in errors.
 Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t max_bytes,
                                const std::optional<Sha256Digest>& expected_sha256 = std::nullopt,
-                               const ReadProgress& progress = {}, const SnapshotParser& parse = {});
+                               const ReadProgress& progress = {}, const SnapshotParser& parse = {},
+                               Hashing hashing = Hashing::always);
 
 }  // namespace holdpoint::io

@@ -54,6 +54,12 @@ struct LoadOptions {
   // not verify is refused with its own signature_* code), and the SHA-256 it
   // vouches for is then the digest the file must have, as expected_sha256.
   std::optional<TrustPolicy> trust;
+  // Compute the file's SHA-256 even with no digest to check it against
+  // (LoadedMapping::sha256). Off by default: a load with nothing to compare
+  // a digest to checks every zip CRC-32 and structural rule, and skips the
+  // hash pass, which costs more than reading the file (docs/format.md §11).
+  // With an expected digest or a trust policy the file is always hashed.
+  bool compute_sha256 = false;
   // Reports reading progress of large files as (bytes read, file size), on
   // the calling thread; reading is the only phase that takes seconds.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;

@@ -101,7 +101,10 @@ struct LoadedMapping {
   bool via_libtorch = false;
   std::vector<std::string> warnings;
   FileFormat format = FileFormat::pytorch_zip;
-  Sha256Digest sha256;
+  // The file's SHA-256, when the load computed it: always where a digest was
+  // expected (`digest_checked`), and on request (LoadOptions::compute_sha256)
+  // otherwise.
+  std::optional<Sha256Digest> sha256;
   // True when `sha256` matched an expected digest (the caller's, a sidecar's
   // or a run index's) before anything was parsed. The manifest's component
   // digests then add no integrity and loads skip re-computing them.

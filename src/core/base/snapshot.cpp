@@ -198,9 +198,9 @@ void release_whole_pages(const std::byte* data, std::size_t size) noexcept {
 
 Snapshot read_snapshot(const std::filesystem::path& path, std::uint64_t max_bytes,
                        const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress,
-                       const SnapshotParser& parse) {
+                       const SnapshotParser& parse, Hashing hashing) {
   const RegularFile file = open_regular_for_reading(path);
-  return read_snapshot_from_fd(file.fd.get(), path.string(), max_bytes, expected_sha256, progress, parse);
+  return read_snapshot_from_fd(file.fd.get(), path.string(), max_bytes, expected_sha256, progress, parse, hashing);
 }
 
 namespace {
@@ -213,8 +213,10 @@ namespace {
 // byte is read exactly once, so what the parser sees is what is hashed.
 class SnapshotReader {
  public:
-  SnapshotReader(int fd, Buffer& buffer, const ReadProgress& progress)
-      : fd_(fd), buffer_(buffer), data_(buffer.data()), size_(buffer.size()), progress_(progress),
+  // With `hash` false nothing is hashed: the reader only reads, and
+  // hashed() follows the in-order read.
+  SnapshotReader(int fd, Buffer& buffer, const ReadProgress& progress, bool hash)
+      : fd_(fd), buffer_(buffer), data_(buffer.data()), size_(buffer.size()), progress_(progress), hash_(hash),
         tail_(size_), tail_wanted_(size_) {}
   ~SnapshotReader() {
     if (read_thread_.joinable()) read_thread_.join();
@@ -227,7 +229,7 @@ class SnapshotReader {
       read_small();
       return;
     }
-    hash_thread_ = std::thread([this] { hash_loop(); });
+    if (hash_) hash_thread_ = std::thread([this] { hash_loop(); });
     try {
       read_in_order();
     } catch (...) {
@@ -247,7 +249,7 @@ class SnapshotReader {
       read();
       return;
     }
-    hash_thread_ = std::thread([this] { hash_loop(); });
+    if (hash_) hash_thread_ = std::thread([this] { hash_loop(); });
     const ReaderThread mode = reader_thread_mode.load(std::memory_order_relaxed);
     if (mode == ReaderThread::never || (mode == ReaderThread::by_cores && !cores_for_reading_while_parsing())) {
       pulled_ = true;
@@ -308,18 +310,19 @@ class SnapshotReader {
   // How far the hasher has got (SnapshotReading::bytes_hashed).
   std::size_t hashed() const { return hashed_.load(std::memory_order_acquire); }
 
-  Sha256Digest finish_hash() {
+  // The file's digest, or nothing when the reader does not hash.
+  std::optional<Sha256Digest> finish_hash() {
     if (hash_thread_.joinable()) hash_thread_.join();
     hashed_.store(size_, std::memory_order_release);
-    if (!digest_) digest_ = hasher_.finish();
-    return *digest_;
+    if (hash_ && !digest_) digest_ = hasher_.finish();
+    return digest_;
   }
 
  private:
   void read_small() {
     const std::size_t got = read_at(0, size_);
     if (got != size_) fail(ErrorCode::file_changed_during_read, "file shrank from ", size_, " to ", got, " bytes");
-    hasher_.update(data_, size_);
+    if (hash_) hasher_.update(data_, size_);
     hashed_.store(size_, std::memory_order_release);
     in_order_.store(size_, std::memory_order_release);
     if (progress_) progress_(size_, size_);
@@ -415,7 +418,12 @@ class SnapshotReader {
     }
     if (wake) changed_.notify_all();
     // The hasher may run on to the end once the in-order pass meets the tail.
-    filled_.store(done >= tail ? size_ : done, std::memory_order_release);
+    const std::size_t filled = done >= tail ? size_ : done;
+    if (!hash_) {
+      hashed_.store(filled, std::memory_order_release);
+      return;
+    }
+    filled_.store(filled, std::memory_order_release);
     filled_.notify_one();
   }
 
@@ -464,6 +472,7 @@ class SnapshotReader {
   std::byte* data_;
   std::size_t size_;
   const ReadProgress& progress_;
+  const bool hash_;
   Sha256 hasher_;
   std::optional<Sha256Digest> digest_;
   std::atomic<std::size_t> filled_{0};    // the prefix the hasher may take
@@ -501,7 +510,7 @@ SnapshotReading SnapshotReading::complete(std::size_t size) {
 
 Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t max_bytes,
                                const std::optional<Sha256Digest>& expected_sha256, const ReadProgress& progress,
-                               const SnapshotParser& parse) {
+                               const SnapshotParser& parse, Hashing hashing) {
   const std::filesystem::path path(label);
   try {
     struct stat info {};
@@ -516,13 +525,21 @@ Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t m
 
     Snapshot snapshot;
     snapshot.buffer = Buffer::allocate(static_cast<std::size_t>(size));
-    SnapshotReader reader(fd, *snapshot.buffer, progress);
-    if (!parse) {
-      reader.read();
-      snapshot.sha256 = reader.finish_hash();
+    const bool hash = hashing == Hashing::always || expected_sha256.has_value();
+    SnapshotReader reader(fd, *snapshot.buffer, progress, hash);
+    // Takes the reader's digest into the snapshot and checks it.
+    const auto take_digest = [&] {
+      const std::optional<Sha256Digest> digest = reader.finish_hash();
+      snapshot.hashed = digest.has_value();
+      if (!digest) return;
+      snapshot.sha256 = *digest;
       if (expected_sha256 && !(*expected_sha256 == snapshot.sha256)) {
         fail(ErrorCode::sha256_mismatch, "SHA-256 is ", snapshot.sha256.hex(), ", expected ", expected_sha256->hex());
       }
+    };
+    if (!parse) {
+      reader.read();
+      take_digest();
       return snapshot;
     }
     reader.start_reading();
@@ -531,10 +548,7 @@ Snapshot read_snapshot_from_fd(int fd, const std::string& label, std::uint64_t m
     const auto check_digest = [&] {
       const std::lock_guard lock(digest_mutex);
       reader.finish_read();
-      snapshot.sha256 = reader.finish_hash();
-      if (expected_sha256 && !(*expected_sha256 == snapshot.sha256)) {
-        fail(ErrorCode::sha256_mismatch, "SHA-256 is ", snapshot.sha256.hex(), ", expected ", expected_sha256->hex());
-      }
+      take_digest();
     };
     // The parser runs while the reader and the hasher go on: it reads the
     // same private bytes they fill and hash, each only once it is in, and its

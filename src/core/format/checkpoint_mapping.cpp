@@ -47,9 +47,10 @@ LoadedMapping load_checkpoint_mapping(const std::filesystem::path& path, const L
   LoadedMapping mapping;
   const std::optional<Sha256Digest> expected = format::expected_digest(path, options);
   try {
-    const io::Snapshot snapshot = io::read_snapshot(path, options.limits.max_file_bytes, expected, options.progress,
-                                                    format::checkpoint_parser(mapping, options.limits));
-    mapping.sha256 = snapshot.sha256;
+    const io::Snapshot snapshot = io::read_snapshot(
+        path, options.limits.max_file_bytes, expected, options.progress, format::checkpoint_parser(mapping, options.limits),
+        options.compute_sha256 ? io::Hashing::always : io::Hashing::when_expected);
+    if (snapshot.hashed) mapping.sha256 = snapshot.sha256;
     mapping.digest_checked = expected.has_value();
     return mapping;
   } catch (const Error& error) {

@@ -340,7 +340,9 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
     malformed = error;
   }
   if (legacy) {
-    LoadedMapping mapping = load_checkpoint_mapping(path, options);
+    LoadOptions hashing = options;
+    hashing.compute_sha256 = true;  // a scan always reports the file's digest
+    LoadedMapping mapping = load_checkpoint_mapping(path, hashing);
     return keeps == ScanKeeps::verdict ? verdict_of(std::move(mapping)) : mapping;
   }
   pre_read.seal();

@@ -489,7 +489,7 @@ class Exporter {
     recovered_ = {{"generation", latest->name},
                   {"step", latest->step},
                   {"epoch", latest->epoch},
-                  {"sha256", mapping.sha256.hex()},
+                  {"sha256", latest_.sha256.hex()},
                   {"format", std::string(file_format_name(mapping.format))},
                   {"manifest_kind", std::string(checkpoint_kind_name(read.kind))},
                   {"uses_binfloat", mapping.markers.uses_binfloat}};

@@ -3,6 +3,7 @@
 #include "holdpoint/format/scan.h"
 #include "holdpoint/schema/config_identity.h"
 #include "holdpoint/schema/manifest.h"
+#include "base/fail.h"
 #include "schema/resume_checks.h"
 
 namespace holdpoint {
@@ -26,7 +27,11 @@ SignedStatement checkpoint_statement(const LoadedMapping& mapping, std::string f
   SignedStatement statement;
   statement.file = std::move(file_name);
   statement.size = mapping.file_bytes;
-  statement.sha256 = mapping.sha256;
+  if (!mapping.sha256) {
+    detail::fail(ErrorCode::invalid_argument, "a signed statement needs the file's SHA-256; load ", statement.file,
+                 " with LoadOptions::compute_sha256 or an expected digest");
+  }
+  statement.sha256 = *mapping.sha256;
   if (find_manifest_entry(mapping.root)) {
     const Manifest manifest = Manifest::of_root(mapping.root);
     statement.profile = manifest.profile;

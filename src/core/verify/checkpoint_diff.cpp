@@ -191,8 +191,9 @@ CheckpointDiff diff_checkpoints(const std::filesystem::path& a, const std::files
   const ScannedFile side_a = scan_side(a, options.load, options.expected_sha256_a);
   const ScannedFile side_b = scan_side(b, options.load, options.expected_sha256_b);
   CheckpointDiff out;
-  out.a = {a, side_a.mapping.file_bytes, side_a.mapping.sha256, side_a.mapping.format};
-  out.b = {b, side_b.mapping.file_bytes, side_b.mapping.sha256, side_b.mapping.format};
+  // A scan hashes every file it reads.
+  out.a = {a, side_a.mapping.file_bytes, *side_a.mapping.sha256, side_a.mapping.format};
+  out.b = {b, side_b.mapping.file_bytes, *side_b.mapping.sha256, side_b.mapping.format};
   out.atol = options.atol;
   out.rtol = options.rtol;
   out.files_compared = 2;

@@ -58,6 +58,7 @@ LoadOptions untrusted_options(const CheckpointLoadOptions& options) {
   load_options.limits = options.limits;
   load_options.expected_sha256 = options.expected_sha256;
   load_options.trust = options.trust;
+  load_options.compute_sha256 = true;  // the LoadReport names the file's digest
   return load_options;
 }
 
@@ -307,7 +308,7 @@ LoadReport TrainingState::load_parsed_checkpoint(const LoadedMapping& mapping, c
   hand_over_storages(mapping.root, mapping.snapshot);
   LoadReport report;
   report.path = path;
-  report.sha256 = mapping.sha256;
+  report.sha256 = mapping.sha256.value_or(Sha256Digest{});
   report.layout = "holdpoint";
   try {
     const Value& root = mapping.root;
@@ -435,7 +436,7 @@ LoadReport TrainingState::load_model_state(const std::filesystem::path& path, co
   const LoadedMapping mapping = read_untrusted(path, options);
   LoadReport report;
   report.path = path;
-  report.sha256 = mapping.sha256;
+  report.sha256 = mapping.sha256.value_or(Sha256Digest{});
   try {
     Value state;
     const Value& root = mapping.root;
@@ -483,7 +484,7 @@ LoadReport TrainingState::load_trusted_checkpoint(const std::filesystem::path& p
   const LoadedMapping mapping = load_trusted_mapping(path, options);
   LoadReport report;
   report.path = path;
-  report.sha256 = mapping.sha256;
+  report.sha256 = mapping.sha256.value_or(Sha256Digest{});
   report.qualification = ResumeQualification::legacy_unqualified;
   report.profile = std::string(resume_profile_name(ResumeProfile::unqualified));
   report.warnings = mapping.warnings;
