@@ -97,8 +97,11 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
     safetensors file, or a ``torch.distributed.checkpoint`` folder: see
     :func:`load_distributed_checkpoint`) with holdpoint's restricted reader and
     returns what it holds: dicts (``collections.OrderedDict`` where the file has
-    one, with ``_metadata``), lists, tuples, ints, floats, str, bytes, None and
-    tensors.
+    one, with ``_metadata``), lists, tuples, sets, ints, floats, complex, str,
+    bytes, bytearray, None, tensors, and torch's ``dtype``, ``Size``, ``device``
+    and ``layout`` objects, each of the type ``torch.load`` returns (the torch
+    types only where torch imports; without it, their names as str and a
+    ``torch.Size`` as a tuple).
 
     - ``expected_sha256``: the file's SHA-256 (64 hex digits) from a source you
       trust. The whole file is hashed and compared before anything is returned;

@@ -509,6 +509,9 @@ def _metadata_from_records(root: Any, folder: str) -> _md.Metadata:
         return value
 
     def torch_constant(name: Any, kind: type, where: str):
+        # dtypes and layouts come back as themselves; memory formats as their names.
+        if isinstance(name, kind):
+            return name
         value = getattr(torch, name.removeprefix("torch."), None) if isinstance(name, str) else None
         if not isinstance(value, kind):
             raise invalid(where, f"{name!r} is not a {kind.__name__}")

@@ -225,6 +225,34 @@ struct StorageBuffer {
   std::shared_ptr<const Storage> storage;
 };
 
+// torch's value types (torch.dtype, torch.Size, torch.device, torch.layout),
+// once torch is imported; holdpoint itself never imports it for them.
+struct TorchTypes {
+  py::object module, dtype, size, device, layout;
+
+  // The types, if torch is in sys.modules (or `import_it` and it imports);
+  // nullptr otherwise.
+  static const TorchTypes* get(bool import_it) {
+    static TorchTypes* types = nullptr;
+    if (types) return types;
+    py::object torch;
+    py::dict modules = py::module_::import("sys").attr("modules");
+    if (modules.contains("torch")) {
+      torch = modules["torch"];
+    } else if (import_it) {
+      try {
+        torch = py::module_::import("torch");
+      } catch (const py::error_already_set&) {
+        return nullptr;
+      }
+    } else {
+      return nullptr;
+    }
+    types = new TorchTypes{torch, torch.attr("dtype"), torch.attr("Size"), torch.attr("device"), torch.attr("layout")};
+    return types;
+  }
+};
+
 class ToPython {
  public:
   // `absent`, for a resume in place: the record index of each storage the
@@ -267,6 +295,43 @@ class ToPython {
         return out;
       }
       case ValueKind::tensor: return tensor(value.as_tensor());
+      case ValueKind::complex_number: {
+        const std::complex<double> z = value.as_complex();
+        return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(z.real(), z.imag()));
+      }
+      case ValueKind::set: {
+        py::set out;
+        for (const Value& item : value.as_list()) out.add(convert(item));
+        return out;
+      }
+      case ValueKind::bytearray: {
+        const std::string_view bytes = value.as_bytes();
+        return py::reinterpret_steal<py::object>(
+            PyByteArray_FromStringAndSize(bytes.data(), static_cast<Py_ssize_t>(bytes.size())));
+      }
+      // torch's own types come back as themselves where torch imports, as
+      // torch.load returns them; without torch, as their plain data.
+      case ValueKind::device: {
+        const TorchTypes* torch = TorchTypes::get(true);
+        return torch ? torch->device(value.as_device()) : py::object(py::str(value.as_device()));
+      }
+      case ValueKind::dtype: {
+        const std::string name(dtype_name(value.as_dtype()));
+        const TorchTypes* torch = TorchTypes::get(true);
+        return torch ? torch->module.attr(name.c_str()) : py::object(py::str("torch." + name));
+      }
+      case ValueKind::size: {
+        py::tuple dims(value.as_list().size());
+        std::size_t i = 0;
+        for (const Value& item : value.as_list()) dims[i++] = py::int_(item.as_int());
+        const TorchTypes* torch = TorchTypes::get(true);
+        return torch ? torch->size(dims) : py::object(dims);
+      }
+      case ValueKind::layout: {
+        const TorchTypes* torch = TorchTypes::get(true);
+        if (!torch) return py::str(value.as_layout());
+        return torch->module.attr(value.as_layout().substr(std::string_view("torch.").size()).c_str());
+      }
     }
     return py::none();
   }
@@ -352,6 +417,37 @@ class FromPython {
     if (py::isinstance<py::float_>(object)) return Value::floating(object.cast<double>());
     if (py::isinstance<py::str>(object)) return Value::string(object.cast<std::string>());
     if (py::isinstance<py::bytes>(object)) return Value::bytes(object.cast<std::string>());
+    if (PyComplex_Check(object.ptr())) {
+      return Value::complex_number({PyComplex_RealAsDouble(object.ptr()), PyComplex_ImagAsDouble(object.ptr())});
+    }
+    if (PyByteArray_Check(object.ptr())) {
+      const char* data = PyByteArray_AsString(object.ptr());
+      return Value::bytearray(std::string(data, static_cast<std::size_t>(PyByteArray_Size(object.ptr()))));
+    }
+    if (PySet_Check(object.ptr())) {
+      Value::List items;
+      for (const auto& item : object) items.push_back(convert(item, depth + 1));
+      return Value::set(std::move(items));
+    }
+    if (PyFrozenSet_Check(object.ptr())) {
+      throw Error(ErrorCode::write_value_unsupported,
+                  "save: a frozenset; torch.load(weights_only=True) refuses frozenset (save a set or a tuple)");
+    }
+    if (const TorchTypes* torch = TorchTypes::get(false)) {
+      if (py::isinstance(object, torch->size)) {
+        Dims dims;
+        for (const auto& item : object) dims.push_back(item.cast<std::int64_t>());
+        return Value::size(dims);
+      }
+      if (py::isinstance(object, torch->dtype)) {
+        const std::string name = py::str(object).cast<std::string>().substr(std::string_view("torch.").size());
+        const auto dtype = dtype_from_name(name);
+        if (!dtype) throw Error(ErrorCode::write_value_unsupported, "save: dtype torch." + name);
+        return Value::dtype(*dtype);
+      }
+      if (py::isinstance(object, torch->device)) return Value::device(py::str(object).cast<std::string>());
+      if (py::isinstance(object, torch->layout)) return Value::layout(py::str(object).cast<std::string>());
+    }
     if (py::isinstance<py::dict>(object)) {
       Dict entries;
       for (const auto& [key, item] : object.cast<py::dict>()) {
@@ -379,7 +475,8 @@ class FromPython {
     if (parts.is_none()) {
       throw Error(ErrorCode::write_value_unsupported,
                   "save: a value of type " + std::string(py::str(object.get_type().attr("__qualname__"))) +
-                      " (only None, bool, int, float, str, bytes, list, tuple, dict, tensors and NumPy values)");
+                      " (only None, bool, int, float, complex, str, bytes, bytearray, list, tuple, set, dict, torch.dtype, "
+                      "torch.Size, torch.device, torch.layout, tensors and NumPy values)");
     }
     if (!py::isinstance<py::tuple>(parts)) return convert(parts, depth);  // a NumPy scalar's plain value
     return tensor(parts.cast<py::tuple>());

@@ -33,8 +33,15 @@ inline bool reads_as_dropped(const Value& dropped, const Value& full, bool root 
     case ValueKind::string: return dropped.as_string() == full.as_string();
     case ValueKind::bytes: return dropped.as_bytes() == full.as_bytes();
     case ValueKind::big_integer: return dropped.as_big_integer() == full.as_big_integer();
+    case ValueKind::bytearray:
+    case ValueKind::complex_number:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::layout: return equal_content(dropped, full);
     case ValueKind::list:
-    case ValueKind::tuple: {
+    case ValueKind::tuple:
+    case ValueKind::set:
+    case ValueKind::size: {
       const auto& a = dropped.as_list();
       const auto& b = full.as_list();
       if (a.size() != b.size()) return false;

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <cstring>
 #include <filesystem>
@@ -476,6 +478,159 @@ TEST(PickleReader, ReadsRealParameterAndViewFiles) {
   EXPECT_EQ(result.storage_count, 1u);  // both views name key '0'
 }
 
+// ==== Python's and torch's own value types, as torch.save pickles them =======================
+
+// A BINFLOAT (big-endian).
+void binfloat(PickleBuilder& p, double value) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  p.op(op::BINFLOAT);
+  for (int shift = 56; shift >= 0; shift -= 8) p.u8(static_cast<std::uint8_t>(bits >> shift));
+}
+
+// _codecs.encode(text, 'latin1'): bytes at protocol 2.
+void latin1_bytes(PickleBuilder& p, std::string_view ascii) {
+  p.global("_codecs", "encode").str(ascii).str("latin1").tuple2().reduce();
+}
+
+TEST(PickleReaderTypes, ReadsTheFormsTorchSaveWrites) {
+  // {"c": 1+2j, "s": {1, 'a'}, "ba": bytearray(b'ab'), "dev": torch.device('cuda', 1),
+  //  "cpu": torch.device('cpu'), "dt": torch.float16, "sz": torch.Size([2, 3]),
+  //  "lay": torch.sparse_coo}, in torch.save's words (pickletools of torch 2.13).
+  PickleBuilder p;
+  p.proto().empty_dict().mark();
+  p.str("c").global("__builtin__", "complex");
+  binfloat(p, 1.0);
+  binfloat(p, 2.0);
+  p.tuple2().reduce();
+  p.str("s").global("__builtin__", "set").empty_list().mark().integer(1).str("a").appends().tuple1().reduce();
+  p.str("ba").global("__builtin__", "bytearray");
+  latin1_bytes(p, "ab");
+  p.tuple1().reduce();
+  p.str("dev").global("torch", "device").str("cuda").integer(1).tuple2().reduce();
+  p.str("cpu").global("torch", "device").str("cpu").tuple1().reduce();
+  p.str("dt").global("torch", "float16");
+  p.str("sz").global("torch", "Size").integer(2).integer(3).tuple2().binput(0).tuple1().reduce();
+  p.str("plain").binget(0);  // the tuple torch.Size took stays a tuple
+  p.str("lay").global("torch.serialization", "_get_layout").str("torch.sparse_coo").tuple1().reduce();
+  p.str("empty_set").global("builtins", "set").empty_tuple().reduce();
+  p.str("empty_bytearray").global("builtins", "bytearray").empty_tuple().reduce();
+  p.setitems().stop();
+  const Value root = read_value(p);
+  const Dict& d = root.as_dict();
+  EXPECT_EQ(d.at("c").as_complex(), std::complex<double>(1.0, 2.0));
+  ASSERT_TRUE(d.at("s").is_set());
+  ASSERT_EQ(d.at("s").as_list().size(), 2u);
+  EXPECT_EQ(d.at("s").as_list()[0].as_int(), 1);
+  EXPECT_EQ(d.at("s").as_list()[1].as_string(), "a");
+  ASSERT_TRUE(d.at("ba").is_bytearray());
+  EXPECT_EQ(d.at("ba").as_bytes(), "ab");
+  EXPECT_EQ(d.at("dev").as_device(), "cuda:1");
+  EXPECT_EQ(d.at("cpu").as_device(), "cpu");
+  EXPECT_EQ(d.at("dt").as_dtype(), DType::float16);
+  ASSERT_TRUE(d.at("sz").is_size());
+  EXPECT_EQ(d.at("sz").as_list().size(), 2u);
+  EXPECT_EQ(d.at("sz").as_list()[1].as_int(), 3);
+  EXPECT_TRUE(d.at("plain").is_tuple());
+  EXPECT_EQ(d.at("lay").as_layout(), "torch.sparse_coo");
+  EXPECT_TRUE(d.at("empty_set").is_set() && d.at("empty_set").as_list().empty());
+  EXPECT_TRUE(d.at("empty_bytearray").is_bytearray() && d.at("empty_bytearray").as_bytes().empty());
+}
+
+TEST(PickleReaderTypes, ReadsAnEmptySetOpcode) {
+  PickleBuilder p;
+  p.proto(4).op(op::EMPTY_SET).stop();
+  const Value root = read_value(p);
+  EXPECT_TRUE(root.is_set() && root.as_list().empty());
+  // ADDITEMS, which torch's safe loader lacks too, is not read.
+  PickleBuilder filled;
+  filled.proto(4).op(op::EMPTY_SET).mark().integer(1).op(op::ADDITEMS).stop();
+  EXPECT_ERROR_CODE(read(filled), ErrorCode::pickle_opcode_forbidden);
+}
+
+TEST(PickleReaderTypes, EveryFormRoundTripsThroughTheWriter) {
+  Dict entries;
+  entries.insert("c", Value::complex_number({-0.0, std::numeric_limits<double>::infinity()}));
+  entries.insert("s", Value::set({Value::integer(3), Value::string("x"), Value::tuple({Value::none(), Value::floating(0.5)}),
+                                  Value::dtype(DType::bfloat16)}));
+  entries.insert("ba", Value::bytearray(std::string("\x00\xff\x80", 3)));
+  entries.insert("dev", Value::device("cuda:7"));
+  entries.insert("cpu", Value::device("cpu"));
+  entries.insert("dt", Value::dtype(DType::float8_e4m3fn));
+  const std::int64_t dims[] = {4, 0, 5, 6};
+  entries.insert("sz", Value::size(dims));
+  entries.insert("lay", Value::layout("torch.strided"));
+  const Value root = Value::dict(std::move(entries));
+  const PickleWriteResult written = write_pickle(root);
+  MemoryStorages storages;
+  const Value back = read_pickle(written.pickle, storages, Limits{}).root;
+  EXPECT_EQ(describe_difference(root, back), "");
+  EXPECT_TRUE(back.as_dict().at("sz").is_size());
+  EXPECT_TRUE(back.as_dict().at("s").is_set());
+}
+
+TEST(PickleReaderTypes, RefusesMalformedCallsEachWithItsCode) {
+  const auto call = [](std::string_view module, std::string_view name, const std::function<void(PickleBuilder&)>& args) {
+    PickleBuilder p;
+    p.proto().global(module, name);
+    args(p);
+    p.reduce().stop();
+    return p;
+  };
+  const auto refused = [&](std::string_view module, std::string_view name,
+                           const std::function<void(PickleBuilder&)>& args) {
+    SCOPED_TRACE(std::string(module) + "." + std::string(name));
+    EXPECT_ERROR_CODE(read(call(module, name, args)), ErrorCode::pickle_call_args_invalid);
+  };
+  refused("builtins", "complex", [](PickleBuilder& p) { p.integer(1).tuple1(); });
+  refused("builtins", "complex", [](PickleBuilder& p) { p.integer(1).integer(2).integer(3).tuple3(); });
+  refused("builtins", "complex", [](PickleBuilder& p) { p.str("1").integer(2).tuple2(); });
+  refused("builtins", "set", [](PickleBuilder& p) { p.mark().integer(1).tuple().tuple1(); });  // a tuple, not a list
+  refused("builtins", "set", [](PickleBuilder& p) { p.empty_list().empty_list().tuple2(); });
+  // Unhashable items: a list, a dict, a tensor.
+  refused("builtins", "set", [](PickleBuilder& p) { p.empty_list().mark().empty_list().appends().tuple1(); });
+  refused("builtins", "set", [](PickleBuilder& p) { p.empty_list().mark().empty_dict().appends().tuple1(); });
+  refused("builtins", "set", [](PickleBuilder& p) {
+    p.empty_list().mark().tensor("FloatStorage", "0", 2, 0, {2}, {1}).appends().tuple1();
+  });
+  refused("builtins", "bytearray", [](PickleBuilder& p) { p.str("ab").tuple1(); });  // text, not bytes
+  refused("builtins", "bytearray", [](PickleBuilder& p) { p.integer(1000000).tuple1(); });  // a size
+  refused("torch", "device", [](PickleBuilder& p) { p.empty_tuple(); });
+  refused("torch", "device", [](PickleBuilder& p) { p.str("CUDA").tuple1(); });
+  refused("torch", "device", [](PickleBuilder& p) { p.str("cuda").integer(-1).tuple2(); });
+  refused("torch", "device", [](PickleBuilder& p) { p.str("cuda").integer(128).tuple2(); });
+  refused("torch", "device", [](PickleBuilder& p) { p.str("cuda").str("1").tuple2(); });
+  refused("torch", "device", [](PickleBuilder& p) { p.str("cuda:01").tuple1(); });
+  refused("torch", "device", [](PickleBuilder& p) { p.str("").tuple1(); });
+  refused("torch", "Size", [](PickleBuilder& p) { p.integer(2).tuple1(); });
+  refused("torch.serialization", "_get_layout", [](PickleBuilder& p) { p.str("torch.evil").tuple1(); });
+  // A dtype is a value, never a callable.
+  PickleBuilder dtype_call = call("torch", "float32", [](PickleBuilder& p) { p.empty_tuple(); });
+  EXPECT_ERROR_CODE(read(dtype_call), ErrorCode::pickle_call_forbidden);
+}
+
+TEST(PickleWriterTypes, RefusesWhatNoLoaderCouldRead) {
+  // A set of a list: Python could not hash it.
+  EXPECT_ERROR_CODE(write_pickle(Value::set({Value::list()})), ErrorCode::write_value_unsupported);
+  // torch 1.13's weights_only loader knows no complex, set, bytearray or device.
+  PickleWriteOptions old;
+  old.torch_1_13_compatible = true;
+  for (const Value& value : {Value::complex_number({1, 2}), Value::set(), Value::bytearray("x"), Value::device("cpu")}) {
+    SCOPED_TRACE(std::string(value_kind_name(value.kind())));
+    EXPECT_ERROR_CODE(write_pickle(value, old), ErrorCode::write_value_unsupported);
+  }
+  // torch.Size and layouts it reads.
+  const std::int64_t dims[] = {2};
+  EXPECT_NO_THROW(write_pickle(Value::size(dims), old));
+  EXPECT_NO_THROW(write_pickle(Value::layout("torch.strided"), old));
+  // The Value constructors refuse what no torch would make.
+  EXPECT_ERROR_CODE(Value::device("cuda:x"), ErrorCode::invalid_argument);
+  EXPECT_ERROR_CODE(Value::device("Cuda"), ErrorCode::invalid_argument);
+  EXPECT_ERROR_CODE(Value::layout("strided"), ErrorCode::invalid_argument);
+  EXPECT_ERROR_CODE(Value::integer(1).as_complex(), ErrorCode::invalid_argument);
+  EXPECT_ERROR_CODE(Value::string("cpu").as_device(), ErrorCode::invalid_argument);
+}
+
 // ==== NumPy values, read as data =============================================================
 
 // numpy.dtype(code, False, True) BUILD (3, order, None, None, None, -1, -1, 0), as NumPy writes it.
@@ -679,8 +834,33 @@ TEST(PickleReaderNumpy, RefusesDtypesThatAreNotPlainNumbers) {
   structured.mark().integer(3).str("|").none().mark().str("a").tuple().empty_dict().integer(8).integer(1).integer(16);
   structured.tuple().build().stop();
   EXPECT_ERROR_CODE(read(structured), ErrorCode::numpy_dtype_unsupported);
-  // Complex scalars have no plain value.
-  EXPECT_ERROR_CODE(read(numpy_scalar("c8", "12345678")), ErrorCode::numpy_dtype_unsupported);
+}
+
+std::string le_float_bytes(std::initializer_list<double> values, bool single) {
+  std::string out;
+  for (const double v : values) {
+    if (single) {
+      const float f = static_cast<float>(v);
+      out.append(reinterpret_cast<const char*>(&f), sizeof f);
+    } else {
+      out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+  }
+  return out;
+}
+
+TEST(PickleReaderNumpy, ReadsComplexScalarsAsComplexNumbersInEitherByteOrder) {
+  EXPECT_EQ(read_value(numpy_scalar("c8", le_float_bytes({1.5, -2.0}, true))).as_complex(),
+            std::complex<double>(1.5, -2.0));
+  EXPECT_EQ(read_value(numpy_scalar("c16", le_float_bytes({0.1, 3e300}, false))).as_complex(),
+            std::complex<double>(0.1, 3e300));
+  // '>': each half is one big-endian float; the halves keep their order.
+  std::string big = le_float_bytes({0.1, 3e300}, false);
+  std::reverse(big.begin(), big.begin() + 8);
+  std::reverse(big.begin() + 8, big.end());
+  EXPECT_EQ(read_value(numpy_scalar("c16", big, ">")).as_complex(), std::complex<double>(0.1, 3e300));
+  // A scalar with the wrong number of bytes for its dtype is refused.
+  EXPECT_ERROR_CODE(read(numpy_scalar("c16", le_float_bytes({1.0}, false))), ErrorCode::numpy_array_invalid);
 }
 
 TEST(PickleReaderNumpy, RefusesArraysWhoseShapeAndDataDisagree) {
@@ -795,14 +975,13 @@ TEST(PickleReader, RejectsGlobalsOutsideTheAllowlist) {
       {"__builtin__", "eval"},
       {"builtins", "eval"},
       {"builtins", "getattr"},
-      {"builtins", "bytearray"},
-      {"builtins", "set"},
+      {"builtins", "frozenset"},  // torch's safe loader refuses it too
+      {"__builtin__", "frozenset"},
       {"sys", "modules"},
       {"subprocess", "Popen"},
       {"torch", "load"},
       {"torch", "Tensor"},
       {"torch", "Sizes"},
-      {"torch", "device"},
       {"torch", "EvilStorage"},
       {"torch.cuda", "FloatStorage"},
       {"torch.storage", "TypedStorage"},
@@ -1059,7 +1238,7 @@ TEST(PickleReader, RejectsVmOnlyObjectsInsideValues) {
 
 TEST(PickleReader, RejectsEveryOpcodeOutsideTheAllowlist) {
   const std::vector<std::uint8_t> forbidden = {
-      op::DUP,   op::POP,       op::POP_MARK, op::LONG4,     op::EMPTY_SET,   op::ADDITEMS,       op::FROZENSET,
+      op::DUP,   op::POP,       op::POP_MARK, op::LONG4,     op::ADDITEMS,       op::FROZENSET,
       op::DICT,  op::LIST,      op::STRING,   op::UNICODE,   op::FLOAT,       op::GET,            op::PUT,
       op::INST,  op::OBJ,       op::EXT1,     op::EXT2,      op::EXT4,        op::PERSID,
       op::NEWOBJ_EX, op::BINBYTES8, op::BYTEARRAY8, op::NEXT_BUFFER, op::READONLY_BUFFER, 0xff, 0x00, 'z'};
@@ -1206,8 +1385,15 @@ void render(const Value& value, std::string& out, std::unordered_map<const void*
     case ValueKind::string: out += value.as_string(); break;
     case ValueKind::bytes: out += std::string(value.as_bytes()); break;
     case ValueKind::big_integer: out += big_integer_decimal(value.as_big_integer()); break;
+    case ValueKind::bytearray: out += std::string(value.as_bytes()); break;
+    case ValueKind::complex_number:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::layout: out += typed_scalar_text(value); break;
     case ValueKind::list:
     case ValueKind::tuple:
+    case ValueKind::set:
+    case ValueKind::size:
       out += "[";
       for (const Value& element : value.as_list()) render(element, out, seen), out += ",";
       out += "]";
@@ -2463,8 +2649,8 @@ TEST(PickleReader, ReadsDcpRecordsAsDictsOfTheirFieldsUnderTheirClass) {
   const Value root = read_value(p);
   const Value& properties = field(root, "properties");
   EXPECT_EQ(field(properties, "__class__").as_string(), "torch.distributed.checkpoint.metadata.TensorProperties");
-  EXPECT_EQ(field(properties, "dtype").as_string(), "torch.float16");
-  EXPECT_EQ(field(properties, "layout").as_string(), "torch.strided");
+  EXPECT_EQ(field(properties, "dtype").as_dtype(), DType::float16);
+  EXPECT_EQ(field(properties, "layout").as_layout(), "torch.strided");
   EXPECT_TRUE(field(properties, "requires_grad").as_bool());
   EXPECT_EQ(field(properties, "memory_format").as_string(), "torch.channels_last");
   EXPECT_FALSE(field(properties, "pin_memory").as_bool());
@@ -2473,7 +2659,7 @@ TEST(PickleReader, ReadsDcpRecordsAsDictsOfTheirFieldsUnderTheirClass) {
   EXPECT_EQ(bytes_item.as_dict().size(), 1u);
   EXPECT_EQ(field(bytes_item, "__class__").as_string(), "torch.distributed.checkpoint.metadata.BytesStorageMetadata");
   EXPECT_EQ(field(root, "path").as_string(), "/runs/ck");
-  EXPECT_EQ(field(root, "dtype").as_string(), "torch.bfloat16");  // a dtype is a value, as weights_only admits
+  EXPECT_EQ(field(root, "dtype").as_dtype(), DType::bfloat16);  // a dtype is a value, as weights_only admits
 }
 
 TEST(PickleReader, ReadsADictKeyedByRecordsAsAListOfPairs) {

@@ -60,8 +60,15 @@ class StructureText {
       case ValueKind::string: out_ << value.as_string().size() << ':' << value.as_string(); break;
       case ValueKind::bytes: out_ << value.as_bytes().size() << ':' << value.as_bytes(); break;
       case ValueKind::big_integer: out_ << big_integer_decimal(value.as_big_integer()); break;
+      case ValueKind::bytearray: out_ << value.as_bytes().size() << ':' << value.as_bytes(); break;
+      case ValueKind::complex_number:
+      case ValueKind::device:
+      case ValueKind::dtype:
+      case ValueKind::layout: out_ << typed_scalar_text(value); break;
       case ValueKind::list:
       case ValueKind::tuple:
+      case ValueKind::set:
+      case ValueKind::size:
         for (const Value& item : value.as_list()) write(item);
         break;
       case ValueKind::dict:

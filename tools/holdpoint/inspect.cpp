@@ -55,6 +55,18 @@ std::string scalar_text(const Value& value) {
       return "'" + (s.size() > 60 ? s.substr(0, 57) + "..." : s) + "'";
     }
     case ValueKind::bytes: return "bytes(" + std::to_string(value.as_bytes().size()) + ")";
+    case ValueKind::bytearray: return "bytearray(" + std::to_string(value.as_bytes().size()) + ")";
+    case ValueKind::big_integer: return big_integer_decimal(value.as_big_integer());
+    case ValueKind::set: return "set(" + std::to_string(value.as_list().size()) + ")";
+    case ValueKind::size: {
+      std::vector<std::int64_t> dims;
+      for (const Value& item : value.as_list()) dims.push_back(item.as_int());
+      return "torch.Size(" + shape_text(dims) + ")";
+    }
+    case ValueKind::complex_number:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::layout: return typed_scalar_text(value);
     default: return {};
   }
 }

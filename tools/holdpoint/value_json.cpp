@@ -21,6 +21,15 @@ std::string hex_of(std::string_view bytes) {
   return out;
 }
 
+// A float as the hex of its IEEE bits, as "float" values are written.
+std::string float_bits(double v) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(bits));
+  return text;
+}
+
 class Encoder {
  public:
   explicit Encoder(bool digests) : digests_(digests) {}
@@ -59,6 +68,24 @@ class Encoder {
         return ordered_json{{value.is_ordered_dict() ? "odict" : "dict", std::move(entries)}};
       }
       case ValueKind::tensor: return ordered_json{{"tensor", encode_tensor(value.as_tensor())}};
+      case ValueKind::complex_number: {
+        const std::complex<double> z = value.as_complex();
+        return ordered_json{{"complex", ordered_json::array({float_bits(z.real()), float_bits(z.imag())})}};
+      }
+      case ValueKind::set: {
+        ordered_json items = ordered_json::array();
+        for (const Value& item : value.as_list()) items.push_back(encode(item));
+        return ordered_json{{"set", std::move(items)}};
+      }
+      case ValueKind::bytearray: return ordered_json{{"bytearray", hex_of(value.as_bytes())}};
+      case ValueKind::device: return ordered_json{{"device", value.as_device()}};
+      case ValueKind::dtype: return ordered_json{{"dtype", std::string(dtype_name(value.as_dtype()))}};
+      case ValueKind::layout: return ordered_json{{"layout", value.as_layout()}};
+      case ValueKind::size: {
+        ordered_json dims = ordered_json::array();
+        for (const Value& item : value.as_list()) dims.push_back(std::to_string(item.as_int()));
+        return ordered_json{{"size", std::move(dims)}};
+      }
     }
     return nullptr;
   }

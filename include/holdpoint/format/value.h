@@ -1,9 +1,10 @@
 // Value: the validated, bounded mapping a checkpoint decodes to.
 //
-// A Value is one of None, bool, int64, a larger int, double, str, bytes, list,
-// tuple, dict, ordered dict or tensor: exactly what a weights-only PyTorch
-// checkpoint can hold. Dict keys are strings or integers and keep insertion order (as Python
-// dicts do).
+// A Value is one of None, bool, int64, a larger int, double, complex, str,
+// bytes, bytearray, list, tuple, set, dict, ordered dict, tensor, or one of
+// torch's own value types (torch.dtype, torch.Size, torch.device,
+// torch.layout): what a weights-only PyTorch checkpoint can hold. Dict keys
+// are strings or integers and keep insertion order (as Python dicts do).
 //
 // Sharing: containers, strings and tensors are held by shared pointer, so
 // copying a Value is cheap and copies share their contents, like Python
@@ -24,6 +25,7 @@
 #pragma once
 
 #include <algorithm>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -224,9 +226,46 @@ enum class ValueKind : std::uint8_t {
   // shortest two's-complement little-endian bytes, the payload of pickle's
   // LONG1 (at most 255 bytes). Ints that fit int64 are always `integer`.
   big_integer,
+  // Python's complex (builtins.complex(real, imag)), and a NumPy complex
+  // scalar read as one.
+  complex_number,
+  // A Python set (builtins.set(list)), its items in the file's order. Items
+  // are hashable: scalars, str, bytes and tuples of them; never a tensor.
+  set,
+  // Python's bytearray: bytes that were mutable in Python.
+  bytearray,
+  // torch.device: "cpu", "cuda", "cuda:1" (its str()).
+  device,
+  // torch.dtype (torch.float16 as a value, not a tensor's): a DType.
+  dtype,
+  // torch.Size: a tuple of ints that Python gives back as torch.Size.
+  size,
+  // torch.layout: its name, as torch.serialization._get_layout takes it
+  // ("torch.strided", "torch.sparse_coo", ...).
+  layout,
 };
 
 std::string_view value_kind_name(ValueKind kind) noexcept;
+
+// torch's layouts by the names torch.serialization._get_layout takes.
+inline constexpr std::string_view kTorchLayoutNames[] = {"torch.strided",    "torch.sparse_coo", "torch.sparse_csr",
+                                                         "torch.sparse_csc", "torch.sparse_bsr", "torch.sparse_bsc",
+                                                         "torch._mkldnn",    "torch.jagged"};
+// Whether `name` is a torch.device as str() prints it (Value::device).
+bool valid_device_name(std::string_view name) noexcept;
+bool valid_layout_name(std::string_view name) noexcept;
+
+class Value;
+// Whether a set (ValueKind::set) may hold `value`: what Python can hash and a
+// file can describe without object identity: None, bool, int, float, complex,
+// str, bytes, a torch.device, dtype or layout, and tuples (or torch.Size) of
+// those. Readers and writers refuse any other item.
+bool valid_set_item(const Value& value) noexcept;
+
+// How messages and listings print a complex, torch.device, torch.dtype or
+// torch.layout value: "complex(1, -2)", "device('cuda:1')", "torch.float16",
+// "torch.strided". Throws Error(invalid_argument) for any other kind.
+std::string typed_scalar_text(const class Value& value);
 
 // The decimal text of a big_integer's bytes ("-340282366920938463463374607431768211456").
 std::string big_integer_decimal(std::string_view little_endian);
@@ -326,6 +365,18 @@ class Value {
   static Value ordered_dict(Dict entries = {});
   static Value tensor(TensorData tensor);
   static Value tensor(std::shared_ptr<const TensorData> tensor);
+  static Value complex_number(std::complex<double> v);
+  static Value set(List items = {});
+  static Value bytearray(std::string v);
+  // `name` as str(torch.device) prints it: a type ("cpu", "cuda", "meta",
+  // ...; lower-case letters, digits and '_') and an optional ":index".
+  // Throws Error(invalid_argument) otherwise.
+  static Value device(std::string name);
+  static Value dtype(DType v);
+  static Value size(std::span<const std::int64_t> dims);
+  // One of torch's layout names ("torch.strided", ...); throws
+  // Error(invalid_argument) for any other.
+  static Value layout(std::string name);
 
   ValueKind kind() const noexcept { return kind_; }
   bool is_none() const noexcept { return kind_ == ValueKind::none; }
@@ -341,6 +392,13 @@ class Value {
   bool is_dict() const noexcept { return kind_ == ValueKind::dict || kind_ == ValueKind::ordered_dict; }
   bool is_ordered_dict() const noexcept { return kind_ == ValueKind::ordered_dict; }
   bool is_tensor() const noexcept { return kind_ == ValueKind::tensor; }
+  bool is_complex() const noexcept { return kind_ == ValueKind::complex_number; }
+  bool is_set() const noexcept { return kind_ == ValueKind::set; }
+  bool is_bytearray() const noexcept { return kind_ == ValueKind::bytearray; }
+  bool is_device() const noexcept { return kind_ == ValueKind::device; }
+  bool is_dtype() const noexcept { return kind_ == ValueKind::dtype; }
+  bool is_size() const noexcept { return kind_ == ValueKind::size; }
+  bool is_layout() const noexcept { return kind_ == ValueKind::layout; }
 
   // Accessors throw Error(invalid_argument) naming both kinds on a mismatch.
   bool as_bool() const;
@@ -350,10 +408,14 @@ class Value {
   // compatibility encoding of floats).
   double as_number() const;
   const std::string& as_string() const;
-  std::string_view as_bytes() const;
+  std::string_view as_bytes() const;  // bytes or bytearray
+  std::complex<double> as_complex() const;
+  const std::string& as_device() const;
+  DType as_dtype() const;
+  const std::string& as_layout() const;
   // A big_integer's shortest two's-complement little-endian bytes.
   std::string_view as_big_integer() const;
-  const List& as_list() const;  // list or tuple
+  const List& as_list() const;  // list, tuple, set or torch.Size (a tuple of ints)
   const Dict& as_dict() const;  // dict or ordered dict
   const TensorData& as_tensor() const;
   const std::shared_ptr<const TensorData>& tensor_ptr() const;
@@ -367,8 +429,10 @@ class Value {
 
  private:
   using Node = std::variant<std::monostate, bool, std::int64_t, double, std::shared_ptr<const std::string>,
-                            std::shared_ptr<List>, std::shared_ptr<Dict>, std::shared_ptr<const TensorData>>;
+                            std::shared_ptr<List>, std::shared_ptr<Dict>, std::shared_ptr<const TensorData>,
+                            std::complex<double>>;
   Value(ValueKind kind, Node node) : kind_(kind), node_(std::move(node)) {}
+  friend bool valid_set_item(const Value& value) noexcept;
 
   ValueKind kind_ = ValueKind::none;
   Node node_;

@@ -99,7 +99,9 @@ class MetadataView {
   }
 
   std::vector<std::int64_t> ints(const Value& value, const std::string& where) const {
-    if (!value.is_sequence()) invalid(where, "is a " + std::string(value_kind_name(value.kind())) + ", not a tuple of ints");
+    if (!value.is_sequence() && !value.is_size()) {
+      invalid(where, "is a " + std::string(value_kind_name(value.kind())) + ", not a tuple of ints");
+    }
     std::vector<std::int64_t> out;
     for (const Value& item : value.as_list()) {
       if (!item.is_int() || item.as_int() < 0) invalid(where, "holds something other than a non-negative int");
@@ -240,14 +242,12 @@ class ItemReader {
 
 DType tensor_dtype(const Dict& properties, const MetadataView& view, const std::string& where) {
   const Value& dtype = view.field(properties, "dtype", where);
-  const std::string_view name = dtype.is_string() ? std::string_view(dtype.as_string()) : std::string_view();
-  const auto parsed = name.starts_with("torch.") ? dtype_from_name(name.substr(6)) : std::nullopt;
-  if (!parsed) view.invalid(where, "dtype is not a torch dtype");
-  if (const Value* layout = properties.find("layout"); layout && !(layout->is_string() && layout->as_string() == "torch.strided")) {
+  if (!dtype.is_dtype()) view.invalid(where, "dtype is not a torch dtype");
+  if (const Value* layout = properties.find("layout"); layout && !(layout->is_layout() && layout->as_layout() == "torch.strided")) {
     throw Error(ErrorCode::dcp_transform_unsupported, where + ": a tensor whose layout is not torch.strided")
         .with_path(view.file().string());
   }
-  return *parsed;
+  return dtype.as_dtype();
 }
 
 // Copies a C-order block (`chunk`, of sizes `chunk_sizes`) into a C-order

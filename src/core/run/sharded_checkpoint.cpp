@@ -106,6 +106,16 @@ void fingerprint_value(Sha256& hasher, const Value& value, const StorageTable& t
     case ValueKind::string: text(value.as_string()); return;
     case ValueKind::bytes: text(value.as_bytes()); return;
     case ValueKind::big_integer: text(value.as_big_integer()); return;
+    case ValueKind::bytearray: text(value.as_bytes()); return;
+    case ValueKind::complex_number:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::layout: text(typed_scalar_text(value)); return;
+    case ValueKind::set:
+    case ValueKind::size:
+      u64(value.as_list().size());
+      for (const Value& item : value.as_list()) fingerprint_value(hasher, item, table, owner);
+      return;
     default: return;
   }
 }

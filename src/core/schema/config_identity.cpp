@@ -113,7 +113,14 @@ void append_canonical(std::string& out, const Value& value, const std::string& p
       return;
     }
     case ValueKind::bytes:
-    case ValueKind::tensor: break;
+    case ValueKind::tensor:
+    case ValueKind::complex_number:
+    case ValueKind::set:
+    case ValueKind::bytearray:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::size:
+    case ValueKind::layout: break;
   }
   fail(ErrorCode::config_invalid, path, " is a ", value_kind_name(value.kind()),
        "; configuration values are None, bool, int, float, str, lists and dicts");

@@ -1,6 +1,7 @@
 #include "holdpoint/schema/manifest.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <initializer_list>
 
@@ -543,6 +544,23 @@ class DigestEncoder {
       case ValueKind::string: tag('s'); text(value.as_string()); return;
       case ValueKind::bytes: tag('b'); text(value.as_bytes()); return;
       case ValueKind::big_integer: tag('I'); text(value.as_big_integer()); return;
+      case ValueKind::complex_number: {
+        const std::complex<double> z = value.as_complex();
+        tag('c');
+        u64(std::bit_cast<std::uint64_t>(z.real()));
+        u64(std::bit_cast<std::uint64_t>(z.imag()));
+        return;
+      }
+      case ValueKind::bytearray: tag('B'); text(value.as_bytes()); return;
+      case ValueKind::device: tag('D'); text(value.as_device()); return;
+      case ValueKind::dtype: tag('y'); text(dtype_name(value.as_dtype())); return;
+      case ValueKind::layout: tag('L'); text(value.as_layout()); return;
+      case ValueKind::set:
+      case ValueKind::size:
+        tag(value.is_set() ? 'S' : 'z');
+        u64(value.as_list().size());
+        for (const Value& item : value.as_list()) encode(item);
+        return;
       case ValueKind::list:
       case ValueKind::tuple:
         tag(value.is_list() ? 'l' : 't');

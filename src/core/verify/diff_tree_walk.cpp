@@ -36,6 +36,17 @@ std::string value_text(const Value& value) {
     case ValueKind::dict: return concat("dict(", value.as_dict().size(), ")");
     case ValueKind::ordered_dict: return concat("OrderedDict(", value.as_dict().size(), ")");
     case ValueKind::tensor: return tensor_text(value.as_tensor());
+    case ValueKind::set: return concat("set(", value.as_list().size(), ")");
+    case ValueKind::bytearray: return concat("bytearray(", value.as_bytes().size(), ")");
+    case ValueKind::size: {
+      std::vector<std::int64_t> dims;
+      for (const Value& item : value.as_list()) dims.push_back(item.as_int());
+      return "torch.Size(" + shape_text(dims) + ")";
+    }
+    case ValueKind::complex_number:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::layout: return typed_scalar_text(value);
   }
   return {};
 }
@@ -47,7 +58,9 @@ int kind_family(ValueKind kind) {
     case ValueKind::dict:
     case ValueKind::ordered_dict: return 1;
     case ValueKind::list:
-    case ValueKind::tuple: return 2;
+    case ValueKind::tuple:
+    case ValueKind::size:
+    case ValueKind::set: return 2;
     default: return 0;
   }
 }
@@ -134,7 +147,9 @@ class TreeWalk {
       case ValueKind::dict:
       case ValueKind::ordered_dict: compare_dicts(a.as_dict(), b.as_dict(), path, where, depth); return;
       case ValueKind::list:
-      case ValueKind::tuple: compare_lists(a.as_list(), b.as_list(), path, where, depth); return;
+      case ValueKind::tuple:
+      case ValueKind::set:
+      case ValueKind::size: compare_lists(a.as_list(), b.as_list(), path, where, depth); return;
       case ValueKind::tensor: compare_tensors(a, b, path, where); return;
       case ValueKind::floating: {
         const double x = a.as_double(), y = b.as_double();
@@ -160,7 +175,8 @@ class TreeWalk {
         add(std::move(e));
         return;
       }
-      case ValueKind::bytes: {
+      case ValueKind::bytes:
+      case ValueKind::bytearray: {
         const std::string_view x = a.as_bytes(), y = b.as_bytes();
         if (x == y) return;
         DiffEntry e = entry(path, where, DiffChange::value_changed, value_text(a), value_text(b));
@@ -190,6 +206,12 @@ class TreeWalk {
         if (a.as_string() != b.as_string()) {
           add(entry(path, where, DiffChange::value_changed, value_text(a), value_text(b)));
         }
+        return;
+      case ValueKind::complex_number:
+      case ValueKind::device:
+      case ValueKind::dtype:
+      case ValueKind::layout:
+        if (!equal_content(a, b)) add(entry(path, where, DiffChange::value_changed, value_text(a), value_text(b)));
         return;
     }
   }

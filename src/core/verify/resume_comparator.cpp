@@ -218,8 +218,19 @@ class StateWalker {
       case ValueKind::big_integer:
         exact_text(big_integer_decimal(expected.as_big_integer()), big_integer_decimal(actual.as_big_integer()), here);
         return;
+      case ValueKind::bytearray:
+        exact_text(std::string(expected.as_bytes()), std::string(actual.as_bytes()), here);
+        return;
+      case ValueKind::complex_number:
+      case ValueKind::device:
+      case ValueKind::dtype:
+      case ValueKind::layout:
+        exact_text(typed_scalar_text(expected), typed_scalar_text(actual), here);
+        return;
       case ValueKind::list:
-      case ValueKind::tuple: {
+      case ValueKind::tuple:
+      case ValueKind::set:
+      case ValueKind::size: {
         const auto& a = expected.as_list();
         const auto& b = actual.as_list();
         if (a.size() != b.size()) {

@@ -83,6 +83,11 @@ enum class GlobalKind : std::uint8_t {
   torch_get_layout,      // torch.serialization._get_layout('torch.strided'): the name
   memory_format_code,    // DCP's _MEM_FORMAT_ENCODING(n): the memory format's name
   posix_path,            // pathlib.PosixPath(parts...): the joined path, a str
+  // Python's and torch's own value types (docs/format.md §5.3):
+  builtin_complex,       // complex(real, imag)
+  builtin_set,           // set(), or set(list of the items)
+  builtin_bytearray,     // bytearray(), or bytearray(bytes)
+  torch_device,          // torch.device('cuda', 1) or torch.device('cpu')
 };
 
 // The dataclasses read as record objects: a dict of their fields under
@@ -117,11 +122,8 @@ std::string record_class_name(std::uint8_t record) {
   return std::string(cls.module) + "." + std::string(cls.name);
 }
 
-// torch.layout names _get_layout accepts, and the memory formats
-// _MEM_FORMAT_ENCODING numbers (0, 1, 2), as torch writes them.
-constexpr std::string_view kLayoutNames[] = {"torch.strided",    "torch.sparse_coo", "torch.sparse_csr",
-                                             "torch.sparse_csc", "torch.sparse_bsr", "torch.sparse_bsc",
-                                             "torch._mkldnn",    "torch.jagged"};
+// The memory formats _MEM_FORMAT_ENCODING numbers (0, 1, 2), as torch
+// writes them.
 constexpr std::string_view kMemoryFormatNames[] = {"torch.contiguous_format", "torch.channels_last",
                                                    "torch.preserve_format"};
 
@@ -182,6 +184,7 @@ struct Item {
   ItemKind kind = ItemKind::none;
   bool holds_mutable = false;  // a list, dict or OrderedDict is reachable
   bool vm_only = false;        // a global, a storage or a tuple holding one: never a Value
+  bool torch_size = false;     // a tuple of ints that torch.Size made: a ValueKind::size
 };
 static_assert(std::is_trivially_copyable_v<Item> && sizeof(Item) == 24);
 
@@ -276,6 +279,10 @@ std::string global_name(const GlobalRef& global) {
     case GlobalKind::torch_get_layout: return "torch.serialization._get_layout";
     case GlobalKind::memory_format_code: return std::string(kDcpMetadata) + "._MEM_FORMAT_ENCODING";
     case GlobalKind::posix_path: return "pathlib.PosixPath";
+    case GlobalKind::builtin_complex: return "builtins.complex";
+    case GlobalKind::builtin_set: return "builtins.set";
+    case GlobalKind::builtin_bytearray: return "builtins.bytearray";
+    case GlobalKind::torch_device: return "torch.device";
   }
   return "unknown global";
 }
@@ -403,7 +410,7 @@ std::optional<std::vector<std::uint64_t>> fetched_memo_indices(const std::byte* 
       case op::STOP:
         deduplicate();
         return fetched;
-      case op::MARK: case op::EMPTY_DICT: case op::EMPTY_LIST: case op::EMPTY_TUPLE: case op::TUPLE:
+      case op::MARK: case op::EMPTY_DICT: case op::EMPTY_LIST: case op::EMPTY_SET: case op::EMPTY_TUPLE: case op::TUPLE:
       case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: case op::SETITEM: case op::SETITEMS: case op::APPEND:
       case op::APPENDS: case op::NONE: case op::NEWTRUE: case op::NEWFALSE: case op::MEMOIZE:
       case op::STACK_GLOBAL: case op::REDUCE: case op::BUILD: case op::BINPERSID: case op::NEWOBJ:
@@ -619,6 +626,9 @@ class Machine {
   // what checks a dict's values asks, so that a dropped tensor fails them as
   // the tensor would.
   bool holds_dropped_tensor(const Dict& dict) const { return dicts_with_dropped_keys_.contains(&dict); }
+  // With drop_tensors: whether `value`, a list or tuple (or one nested in
+  // tuples of it), had a tensor element that became None.
+  bool holds_dropped_tensor(const Value& value) const;
   void memo_put(std::uint64_t index);
   void memo_get(std::uint64_t index);
   // The kept memo slot of `index` (keep_fetched_only_), or nullptr when the
@@ -668,6 +678,10 @@ class Machine {
   Item reduce_numpy_reconstruct(const Item& args);
   Item reduce_numpy_scalar(const Item& args);
   Item reduce_torch_size(const Item& args);
+  Item reduce_complex(const Item& args);
+  Item reduce_set(const Item& args);
+  Item reduce_bytearray(const Item& args);
+  Item reduce_device(const Item& args);
   Item reduce_get_layout(const Item& args);
   Item reduce_memory_format_code(const Item& args);
   Item reduce_posix_path(const Item& args);
@@ -759,6 +773,9 @@ class Machine {
   // end, so that no later dict reuses an address a fingerprint names.
   FingerprintSet dropped_keys_;
   std::unordered_map<const Dict*, Value> dicts_with_dropped_keys_;
+  // Lists and tuples that had a tensor element dropped, kept alive so that
+  // their addresses name them (drop_tensors only).
+  std::unordered_map<const void*, Value> sequences_with_dropped_tensors_;
   std::string fingerprint_input_;
 
   std::unordered_map<const void*, Record> records_;
@@ -914,10 +931,10 @@ std::optional<ValueKind> Machine::value_kind(const Item& item) const {
     case ItemKind::floating: return ValueKind::floating;
     case ItemKind::text: return ValueKind::string;
     case ItemKind::bytes: return ValueKind::bytes;
-    case ItemKind::tuple: return ValueKind::tuple;
+    case ItemKind::tuple: return item.torch_size ? ValueKind::size : ValueKind::tuple;
     case ItemKind::empty_container: return item.container;
     case ItemKind::value: return values_[item.index].kind();
-    case ItemKind::global: return ValueKind::string;  // a dtype: the only global that is not vm_only
+    case ItemKind::global: return ValueKind::dtype;  // the only global that is not vm_only
     case ItemKind::storage:
     case ItemKind::numpy_dtype:
     case ItemKind::numpy_array: break;
@@ -954,23 +971,35 @@ Value Machine::take_value(const Item& item, std::string_view role) {
     }
     case ItemKind::tuple: {
       if (item.vm_only) break;
+      if (item.torch_size) {
+        // Made afresh: the tuple of ints torch.Size took may itself be a
+        // plain tuple elsewhere (memoized before the call).
+        const Tuple tuple = tuples_[item.index];
+        Dims dims;
+        for (std::size_t i = 0; i < tuple.count; ++i) dims.push_back(tuple_elements_[tuple.first + i].integer);
+        return Value::size(dims);
+      }
       if (tuples_[item.index].owned == kNoValue) {
         // Elements first: nested tuples and strings extend values_ as they go.
         const Tuple tuple = tuples_[item.index];
         Value::List elements;
         elements.reserve(tuple.count);
+        bool dropped = false;
         for (std::size_t i = 0; i < tuple.count; ++i) {
-          elements.push_back(take_element(tuple_elements_[tuple.first + i], "a tuple element"));
+          const Item& element = tuple_elements_[tuple.first + i];
+          dropped = dropped || (options_.drop_tensors && value_kind(element) == ValueKind::tensor);
+          elements.push_back(take_element(element, "a tuple element"));
         }
         values_.push_back(Value::tuple(std::move(elements)));
         tuples_[item.index].owned = values_.size() - 1;
+        if (dropped) sequences_with_dropped_tensors_.try_emplace(values_.back().node_identity(), values_.back());
       }
       return values_[tuples_[item.index].owned];
     }
     case ItemKind::empty_container: return empty_container(item.container);
     case ItemKind::value: return values_[item.index];
     case ItemKind::global:
-      if (!item.vm_only) return Value::string(global_name(item.global));
+      if (!item.vm_only) return Value::dtype(item.global.dtype);
       break;
     case ItemKind::storage:
     case ItemKind::numpy_dtype:
@@ -1146,10 +1175,13 @@ void Machine::do_append(bool from_mark) {
   count_elements(stack_.size() - first);
   if (first == stack_.size()) return;
   auto& items = make_mutable(target).mutable_list();
+  bool dropped = false;
   for (std::size_t i = first; i < stack_.size(); ++i) {
     add_child(target, stack_[i]);
+    dropped = dropped || (options_.drop_tensors && value_kind(stack_[i]) == ValueKind::tensor);
     items.push_back(take_element(stack_[i], "a list element"));
   }
+  if (dropped) sequences_with_dropped_tensors_.try_emplace(&items, values_[target.index]);
   stack_.resize(first);
 }
 
@@ -1357,6 +1389,12 @@ GlobalRef Machine::resolve_global(std::string_view module, std::string_view name
   }
   if (module == kDcpMetadata && name == "_MEM_FORMAT_ENCODING") return {GlobalKind::memory_format_code, kNoDType, 0};
   if (module == "torch" && name == "Size") return {GlobalKind::torch_size, kNoDType, 0};
+  if (module == "torch" && name == "device") return {GlobalKind::torch_device, kNoDType, 0};
+  if (module == "__builtin__" || module == "builtins") {
+    if (name == "complex") return {GlobalKind::builtin_complex, kNoDType, 0};
+    if (name == "set") return {GlobalKind::builtin_set, kNoDType, 0};
+    if (name == "bytearray") return {GlobalKind::builtin_bytearray, kNoDType, 0};
+  }
   if (module == "torch.serialization" && name == "_get_layout") return {GlobalKind::torch_get_layout, kNoDType, 0};
   if ((module == "pathlib" && (name == "PosixPath" || name == "PurePosixPath"))) {
     return {GlobalKind::posix_path, kNoDType, 0};
@@ -1586,6 +1624,10 @@ void Machine::do_reduce() {
     case GlobalKind::torch_get_layout: push(reduce_get_layout(args)); return;
     case GlobalKind::memory_format_code: push(reduce_memory_format_code(args)); return;
     case GlobalKind::posix_path: push(reduce_posix_path(args)); return;
+    case GlobalKind::builtin_complex: push(reduce_complex(args)); return;
+    case GlobalKind::builtin_set: push(reduce_set(args)); return;
+    case GlobalKind::builtin_bytearray: push(reduce_bytearray(args)); return;
+    case GlobalKind::torch_device: push(reduce_device(args)); return;
     case GlobalKind::record_class:
       error(ErrorCode::pickle_call_forbidden, global_name(callable.global),
             " is a record class: made by NEWOBJ and BUILD, never called");
@@ -2101,7 +2143,12 @@ Item Machine::reduce_numpy_scalar(const Item& args) {
     error(ErrorCode::numpy_array_invalid, "a NumPy ", dtype_name(dtype), " scalar has ", bytes.size(),
           " bytes, not ", dtype_itemsize(dtype));
   }
-  if (numpy_dtypes_[element(args, 0).index].byte_order == '>') std::reverse(bytes.begin(), bytes.end());
+  if (numpy_dtypes_[element(args, 0).index].byte_order == '>') {
+    // A complex number is two floats, each in the file's byte order.
+    const bool complex = dtype == DType::complex64 || dtype == DType::complex128;
+    const std::size_t unit = complex ? bytes.size() / 2 : bytes.size();
+    for (std::size_t at = 0; at < bytes.size(); at += unit) std::reverse(bytes.begin() + at, bytes.begin() + at + unit);
+  }
   const auto load = [&bytes]<typename T>(T) {
     T out;
     std::memcpy(&out, bytes.data(), sizeof out);
@@ -2130,10 +2177,17 @@ Item Machine::reduce_numpy_scalar(const Item& args) {
     case DType::float32: return floating_item(load(float{}));
     case DType::float64: return floating_item(load(double{}));
     case DType::float16: return floating_item(holdpoint::value::half_to_double(load(std::uint16_t{})));
+    case DType::complex64: {
+      const auto parts = load(std::array<float, 2>{});
+      return value_item(Value::complex_number({parts[0], parts[1]}));
+    }
+    case DType::complex128: {
+      const auto parts = load(std::array<double, 2>{});
+      return value_item(Value::complex_number({parts[0], parts[1]}));
+    }
     default: break;
   }
-  error(ErrorCode::numpy_dtype_unsupported, "a NumPy ", dtype_name(dtype),
-        " scalar has no plain Python value (complex scalars are not read)");
+  error(ErrorCode::numpy_dtype_unsupported, "a NumPy ", dtype_name(dtype), " scalar has no plain Python value");
 }
 
 // ---- record objects ----------------------------------------------------------------------
@@ -2249,16 +2303,94 @@ Item Machine::reduce_torch_size(const Item& args) {
             ", not an int");
     }
   }
-  return sizes;
+  Item size = sizes;
+  size.torch_size = true;
+  return size;
+}
+
+// complex(real, imag): how Python pickles a complex number (two floats; ints
+// are taken too, as complex() takes them).
+Item Machine::reduce_complex(const Item& args) {
+  const auto part = [&](std::size_t i) -> double {
+    const Item& item = element(args, i);
+    if (item.kind == ItemKind::floating) return item.floating;
+    if (item.kind == ItemKind::integer) return static_cast<double>(item.integer);
+    error(ErrorCode::pickle_call_args_invalid, "complex takes (real, imag) as floats, not a ", describe(item));
+  };
+  if (tuple_size(args) != 2) error(ErrorCode::pickle_call_args_invalid, "complex takes exactly (real, imag)");
+  return value_item(Value::complex_number({part(0), part(1)}));
+}
+
+// set() or set([items...]), as Python pickles a set at protocol 2 (a list of
+// its items). The items are kept in the file's order; Python's set() drops
+// any that compare equal. Only hashable items (valid_set_item).
+Item Machine::reduce_set(const Item& args) {
+  if (tuple_size(args) == 0) return value_item(Value::set());
+  if (tuple_size(args) != 1 || value_kind(element(args, 0)) != ValueKind::list) {
+    error(ErrorCode::pickle_call_args_invalid, "set takes () or one list of items");
+  }
+  const Value items = take_value(element(args, 0), "the set's items");
+  // The same words whether tensors are kept or dropped (a scan), since the
+  // dropped ones read as None.
+  const bool hashable = !holds_dropped_tensor(items) &&
+                        std::all_of(items.as_list().begin(), items.as_list().end(),
+                                    [](const Value& item) { return valid_set_item(item); });
+  if (!hashable) {
+    error(ErrorCode::pickle_call_args_invalid, "a set item is a list, dict or tensor, or a tuple holding one; a set ",
+          "holds only scalars, str, bytes and tuples of them");
+  }
+  Item item = value_item(Value::set(items.as_list()));
+  // args = (items,): the set sits one level shallower and holds the same nodes.
+  item.depth = std::max<std::uint32_t>(1, args.depth - 1);
+  item.nodes = args.nodes;
+  return item;
+}
+
+bool Machine::holds_dropped_tensor(const Value& value) const {
+  if (!options_.drop_tensors || !(value.is_list() || value.is_tuple())) return false;
+  if (sequences_with_dropped_tensors_.contains(value.node_identity())) return true;
+  return std::any_of(value.as_list().begin(), value.as_list().end(),
+                     [this](const Value& item) { return holds_dropped_tensor(item); });
+}
+
+// bytearray() or bytearray(bytes): the bytes pickled as bytes at protocol 2
+// (_codecs.encode or bytes()).
+Item Machine::reduce_bytearray(const Item& args) {
+  if (tuple_size(args) == 0) return value_item(Value::bytearray(std::string()));
+  if (tuple_size(args) != 1 || element(args, 0).kind != ItemKind::bytes) {
+    error(ErrorCode::pickle_call_args_invalid, "bytearray takes () or one bytes object");
+  }
+  return value_item(Value::bytearray(std::string(text(element(args, 0)))));
+}
+
+// torch.device(type) or torch.device(type, index), as torch pickles a device;
+// also torch.device('cuda:1').
+Item Machine::reduce_device(const Item& args) {
+  const std::size_t count = tuple_size(args);
+  if (count < 1 || count > 2 || element(args, 0).kind != ItemKind::text) {
+    error(ErrorCode::pickle_call_args_invalid, "torch.device takes (type) or (type, index)");
+  }
+  std::string name(text(element(args, 0)));
+  if (count == 2) {
+    const Item& index = element(args, 1);
+    if (index.kind == ItemKind::integer && name.find(':') == std::string::npos) {
+      name += ":" + std::to_string(index.integer);
+    } else if (index.kind != ItemKind::none) {
+      error(ErrorCode::pickle_call_args_invalid, "torch.device's index is a ", describe(index), ", not an int");
+    }
+  }
+  if (!valid_device_name(name)) {
+    error(ErrorCode::pickle_call_args_invalid, "'", printable(name), "' is not a torch.device");
+  }
+  return value_item(Value::device(std::move(name)));
 }
 
 // torch.serialization._get_layout('torch.strided'): the layout's name.
 Item Machine::reduce_get_layout(const Item& args) {
   const bool named = tuple_size(args) == 1 && element(args, 0).kind == ItemKind::text &&
-                     std::find(std::begin(kLayoutNames), std::end(kLayoutNames), text(element(args, 0))) !=
-                         std::end(kLayoutNames);
+                     valid_layout_name(text(element(args, 0)));
   if (!named) error(ErrorCode::pickle_call_args_invalid, "_get_layout takes one torch layout name, as 'torch.strided'");
-  return element(args, 0);
+  return value_item(Value::layout(std::string(text(element(args, 0)))));
 }
 
 // DCP's _MEM_FORMAT_ENCODING(n), n in 0..2: the memory format's name.
@@ -2639,6 +2771,9 @@ PickleResult Machine::run() {
         break;
       case op::EMPTY_DICT: push(empty_container_item(ValueKind::dict)); break;
       case op::EMPTY_LIST: push(empty_container_item(ValueKind::list)); break;
+      // An empty set (protocol 4). torch's safe loader has no ADDITEMS, so
+      // it stays empty: a value, not a container to fill.
+      case op::EMPTY_SET: push(value_item(Value::set())); break;
       case op::EMPTY_TUPLE: do_tuple(0, false); break;
       case op::TUPLE: do_tuple(0, true); break;
       case op::TUPLE1: do_tuple(1, false); break;

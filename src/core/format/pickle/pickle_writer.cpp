@@ -59,6 +59,7 @@ class Emitter {
       case ValueKind::tensor: ++tensor_uses_[value.tensor_ptr().get()]; return;
       case ValueKind::list:
       case ValueKind::tuple:
+      case ValueKind::set:
         check_level(level + 1);
         for (const Value& item : value.as_list()) count_tensor_uses(item, level + 1);
         return;
@@ -253,6 +254,85 @@ class Emitter {
       for (std::size_t i = start; i < end; ++i) emit(items[i], level + 1);
       put(op::APPENDS);
     }
+  }
+
+  // ---- Python's and torch's own value types, as torch.save pickles them ----
+  // None of them is on torch 1.13's weights_only allowlist but torch.Size,
+  // layouts and some dtypes.
+  void refuse_in_torch_1_13(std::string_view what) const {
+    if (options_.torch_1_13_compatible) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: torch 1.13's weights_only loader cannot read a ", what);
+    }
+  }
+
+  void emit_complex(std::complex<double> value) {
+    refuse_in_torch_1_13("complex");
+    emit_global("__builtin__", "complex");
+    emit_float(value.real());
+    emit_float(value.imag());
+    put(op::TUPLE2);
+    put(op::REDUCE);
+  }
+
+  void emit_set(const Value::List& items, std::uint32_t level) {
+    refuse_in_torch_1_13("set");
+    for (const Value& item : items) {
+      if (!valid_set_item(item)) {
+        fail(ErrorCode::write_value_unsupported, "pickle writer: a set holds a ", value_kind_name(item.kind()),
+             "; a set holds only scalars, str, bytes and tuples of them");
+      }
+    }
+    emit_global("__builtin__", "set");
+    emit_sequence(items, true, level);
+    put(op::TUPLE1);
+    put(op::REDUCE);
+  }
+
+  void emit_bytearray(std::string_view bytes) {
+    refuse_in_torch_1_13("bytearray");
+    emit_global("__builtin__", "bytearray");
+    emit_bytes(bytes);
+    put(op::TUPLE1);
+    put(op::REDUCE);
+  }
+
+  void emit_device(std::string_view name) {
+    refuse_in_torch_1_13("torch.device");
+    emit_global("torch", "device");
+    const std::size_t colon = name.find(':');
+    emit_str(name.substr(0, colon));
+    if (colon == std::string_view::npos) {
+      put(op::TUPLE1);
+    } else {
+      std::int64_t index = 0;
+      for (const char c : name.substr(colon + 1)) index = index * 10 + (c - '0');
+      emit_int(index);
+      put(op::TUPLE2);
+    }
+    put(op::REDUCE);
+  }
+
+  void emit_dtype(DType dtype) {
+    if (!dtype_in_torch(dtype)) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: torch has no ", dtype_name(dtype), " dtype");
+    }
+    emit_global("torch", dtype_name(dtype));
+  }
+
+  void emit_size(const Value::List& items) {
+    Dims dims;
+    for (const Value& item : items) dims.push_back(item.as_int());
+    emit_global("torch", "Size");
+    emit_int_tuple(dims);
+    put(op::TUPLE1);
+    put(op::REDUCE);
+  }
+
+  void emit_layout(std::string_view name) {
+    emit_global("torch.serialization", "_get_layout");
+    emit_str(name);
+    put(op::TUPLE1);
+    put(op::REDUCE);
   }
 
   void emit_key(const DictKey& key) {
@@ -485,6 +565,13 @@ class Emitter {
       case ValueKind::dict: emit_dict(value.as_dict(), false, level); return;
       case ValueKind::ordered_dict: emit_dict(value.as_dict(), true, level); return;
       case ValueKind::tensor: emit_tensor(value.tensor_ptr(), true); return;
+      case ValueKind::complex_number: emit_complex(value.as_complex()); return;
+      case ValueKind::set: emit_set(value.as_list(), level); return;
+      case ValueKind::bytearray: emit_bytearray(value.as_bytes()); return;
+      case ValueKind::device: emit_device(value.as_device()); return;
+      case ValueKind::dtype: emit_dtype(value.as_dtype()); return;
+      case ValueKind::size: emit_size(value.as_list()); return;
+      case ValueKind::layout: emit_layout(value.as_layout()); return;
     }
     fail(ErrorCode::write_value_unsupported, "pickle writer: unknown value kind");
   }

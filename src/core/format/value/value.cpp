@@ -1,6 +1,7 @@
 #include "holdpoint/format/value.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -214,6 +215,13 @@ std::string_view value_kind_name(ValueKind kind) noexcept {
     case ValueKind::ordered_dict: return "OrderedDict";
     case ValueKind::tensor: return "Tensor";
     case ValueKind::big_integer: return "int";
+    case ValueKind::complex_number: return "complex";
+    case ValueKind::set: return "set";
+    case ValueKind::bytearray: return "bytearray";
+    case ValueKind::device: return "torch.device";
+    case ValueKind::dtype: return "torch.dtype";
+    case ValueKind::size: return "torch.Size";
+    case ValueKind::layout: return "torch.layout";
   }
   return "unknown";
 }
@@ -423,6 +431,91 @@ Value Value::tensor(std::shared_ptr<const TensorData> tensor) {
   if (!tensor) fail(ErrorCode::invalid_argument, "Value::tensor: null tensor");
   return Value(ValueKind::tensor, std::move(tensor));
 }
+Value Value::complex_number(std::complex<double> v) { return Value(ValueKind::complex_number, v); }
+Value Value::set(List items) { return Value(ValueKind::set, std::make_shared<List>(std::move(items))); }
+Value Value::bytearray(std::string v) {
+  return Value(ValueKind::bytearray, std::make_shared<const std::string>(std::move(v)));
+}
+Value Value::device(std::string name) {
+  if (!valid_device_name(name)) {
+    fail(ErrorCode::invalid_argument, "'", name.substr(0, 64), "' is not a torch.device (a type such as 'cuda', ",
+         "then ':index' or nothing)");
+  }
+  return Value(ValueKind::device, std::make_shared<const std::string>(std::move(name)));
+}
+Value Value::dtype(DType v) { return Value(ValueKind::dtype, static_cast<std::int64_t>(v)); }
+Value Value::size(std::span<const std::int64_t> dims) {
+  List items;
+  items.reserve(dims.size());
+  for (const std::int64_t d : dims) items.push_back(integer(d));
+  return Value(ValueKind::size, std::make_shared<List>(std::move(items)));
+}
+Value Value::layout(std::string name) {
+  if (!valid_layout_name(name)) fail(ErrorCode::invalid_argument, "'", name.substr(0, 64), "' is not a torch layout");
+  return Value(ValueKind::layout, std::make_shared<const std::string>(std::move(name)));
+}
+
+bool valid_device_name(std::string_view name) noexcept {
+  const std::size_t colon = name.find(':');
+  const std::string_view type = name.substr(0, colon);
+  if (type.empty() || type.size() > 32) return false;
+  for (const char c : type) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  if (colon == std::string_view::npos) return true;
+  const std::string_view index = name.substr(colon + 1);
+  // A device index is an int8 in torch (c10::DeviceIndex), written without sign or leading zeros.
+  if (index.empty() || index.size() > 3 || (index.size() > 1 && index[0] == '0')) return false;
+  int value = 0;
+  for (const char c : index) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + (c - '0');
+  }
+  return value <= 127;
+}
+
+std::string typed_scalar_text(const Value& value) {
+  switch (value.kind()) {
+    case ValueKind::complex_number: {
+      const std::complex<double> z = value.as_complex();
+      char text[80];
+      std::snprintf(text, sizeof text, "complex(%.17g, %.17g)", z.real(), z.imag());
+      return text;
+    }
+    case ValueKind::device: return "device('" + value.as_device() + "')";
+    case ValueKind::dtype: return "torch." + std::string(dtype_name(value.as_dtype()));
+    case ValueKind::layout: return value.as_layout();
+    default: break;
+  }
+  fail(ErrorCode::invalid_argument, "typed_scalar_text: a ", value_kind_name(value.kind()));
+}
+
+bool valid_set_item(const Value& value) noexcept {
+  switch (value.kind()) {
+    case ValueKind::none:
+    case ValueKind::boolean:
+    case ValueKind::integer:
+    case ValueKind::big_integer:
+    case ValueKind::floating:
+    case ValueKind::complex_number:
+    case ValueKind::string:
+    case ValueKind::bytes:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::layout:
+      return true;
+    case ValueKind::tuple:
+    case ValueKind::size: {
+      const Value::List& items = *std::get<std::shared_ptr<Value::List>>(value.node_);
+      return std::all_of(items.begin(), items.end(), [](const Value& item) { return valid_set_item(item); });
+    }
+    default: return false;
+  }
+}
+
+bool valid_layout_name(std::string_view name) noexcept {
+  return std::find(std::begin(kTorchLayoutNames), std::end(kTorchLayoutNames), name) != std::end(kTorchLayoutNames);
+}
 
 namespace {
 [[noreturn]] void wrong_kind(ValueKind actual, std::string_view wanted) {
@@ -469,7 +562,27 @@ const std::string& Value::as_string() const {
 }
 
 std::string_view Value::as_bytes() const {
-  if (kind_ != ValueKind::bytes) wrong_kind(kind_, "bytes");
+  if (kind_ != ValueKind::bytes && kind_ != ValueKind::bytearray) wrong_kind(kind_, "bytes");
+  return *std::get<std::shared_ptr<const std::string>>(node_);
+}
+
+std::complex<double> Value::as_complex() const {
+  if (kind_ != ValueKind::complex_number) wrong_kind(kind_, "complex");
+  return std::get<std::complex<double>>(node_);
+}
+
+const std::string& Value::as_device() const {
+  if (kind_ != ValueKind::device) wrong_kind(kind_, "torch.device");
+  return *std::get<std::shared_ptr<const std::string>>(node_);
+}
+
+DType Value::as_dtype() const {
+  if (kind_ != ValueKind::dtype) wrong_kind(kind_, "torch.dtype");
+  return static_cast<DType>(std::get<std::int64_t>(node_));
+}
+
+const std::string& Value::as_layout() const {
+  if (kind_ != ValueKind::layout) wrong_kind(kind_, "torch.layout");
   return *std::get<std::shared_ptr<const std::string>>(node_);
 }
 
@@ -479,7 +592,7 @@ std::string_view Value::as_big_integer() const {
 }
 
 const Value::List& Value::as_list() const {
-  if (!is_sequence()) wrong_kind(kind_, "list or tuple");
+  if (!is_sequence() && !is_set() && !is_size()) wrong_kind(kind_, "list or tuple");
   return *std::get<std::shared_ptr<List>>(node_);
 }
 
@@ -510,7 +623,8 @@ const void* Value::node_identity() const noexcept {
       [](const auto& node) -> const void* {
         using T = std::decay_t<decltype(node)>;
         if constexpr (std::is_same_v<T, std::monostate> || std::is_same_v<T, bool> ||
-                      std::is_same_v<T, std::int64_t> || std::is_same_v<T, double>) {
+                      std::is_same_v<T, std::int64_t> || std::is_same_v<T, double> ||
+                      std::is_same_v<T, std::complex<double>>) {
           return nullptr;
         } else {
           return node.get();
@@ -543,13 +657,28 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
     }
     case ValueKind::string:
       return a.as_string() == b.as_string() ? std::string() : where + ": '" + a.as_string() + "' vs '" + b.as_string() + "'";
-    case ValueKind::bytes: return a.as_bytes() == b.as_bytes() ? std::string() : where + ": bytes differ";
+    case ValueKind::bytes:
+    case ValueKind::bytearray: return a.as_bytes() == b.as_bytes() ? std::string() : where + ": bytes differ";
+    case ValueKind::complex_number: {
+      const std::complex<double> x = a.as_complex(), y = b.as_complex();
+      return std::memcmp(&x, &y, sizeof x) == 0 ? std::string() : where + ": complex differs";
+    }
+    case ValueKind::device:
+      return a.as_device() == b.as_device() ? std::string() : where + ": " + a.as_device() + " vs " + b.as_device();
+    case ValueKind::layout:
+      return a.as_layout() == b.as_layout() ? std::string() : where + ": " + a.as_layout() + " vs " + b.as_layout();
+    case ValueKind::dtype:
+      return a.as_dtype() == b.as_dtype() ? std::string()
+                                          : where + ": " + std::string(dtype_name(a.as_dtype())) + " vs " +
+                                                std::string(dtype_name(b.as_dtype()));
     case ValueKind::big_integer:
       return a.as_big_integer() == b.as_big_integer()
                  ? std::string()
                  : where + ": " + big_integer_decimal(a.as_big_integer()) + " vs " + big_integer_decimal(b.as_big_integer());
     case ValueKind::list:
-    case ValueKind::tuple: {
+    case ValueKind::tuple:
+    case ValueKind::set:
+    case ValueKind::size: {
       const auto& x = a.as_list();
       const auto& y = b.as_list();
       if (x.size() != y.size()) {

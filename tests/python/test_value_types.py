@@ -1,0 +1,165 @@
+"""Python's and torch's own value types through holdpoint (issue 38, items 2 and 4):
+complex, set, bytearray, torch.device, torch.dtype, torch.Size and torch.layout, and
+NumPy complex scalars.
+
+Both directions, against torch itself:
+- what torch.save writes, holdpoint.load returns as torch.load(weights_only=False)
+  does: the same types (type(x) is type(y)) and equal values, alone and nested;
+- what holdpoint.save writes, torch.load(weights_only=True) reads back the same.
+Refusals, each by its code: frozenset (torch's safe loader refuses it too), a set
+holding something Python could not hash or a file could not name, and malformed calls
+in hand-made pickles.
+"""
+
+import os
+import sys
+import tempfile
+import zipfile
+
+import numpy as np
+import torch
+
+import harness
+
+sys.path.insert(0, os.path.join(harness.BUILD_DIR, "python"))
+import holdpoint  # noqa: E402
+
+VALUES = {
+    "complex": 1.5 - 2j,
+    "complex_special": complex(float("inf"), -0.0),
+    "set": {1, "a", (2, None), 2.5, b"x"},
+    "empty_set": set(),
+    "bytearray": bytearray(b"\x00\xff\x80ab"),
+    "empty_bytearray": bytearray(),
+    "device_cuda": torch.device("cuda", 1),
+    "device_cpu": torch.device("cpu"),
+    "device_meta": torch.device("meta"),
+    "dtype": torch.float16,
+    "dtype_bf16": torch.bfloat16,
+    "dtype_complex": torch.complex64,
+    "size": torch.Size([2, 3]),
+    "empty_size": torch.Size([]),
+    "layout": torch.sparse_coo,
+    "strided": torch.strided,
+    "set_of_dtypes": {torch.float32, torch.int8},
+}
+
+
+def same(a, b):
+    """Strict: the same type at every level, equal values (NaN-free here)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, complex):
+        return repr(a) == repr(b)  # -0.0 and inf by their text
+    return a == b
+
+
+def saved_by_torch(tmp, name, value):
+    path = os.path.join(tmp, f"{name}.pt")
+    torch.save(value, path)
+    return path
+
+
+def pickle_archive(path, pickle_bytes):
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle_bytes)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+
+
+def code_of(call):
+    try:
+        call()
+    except holdpoint.Error as error:
+        return error.code
+    return None
+
+
+def check_torch_to_holdpoint(report, tmp):
+    for name, value in VALUES.items():
+        path = saved_by_torch(tmp, name, value)
+        want = torch.load(path, weights_only=False)
+        got = holdpoint.load(path)
+        report.check(same(got, want), f"{name}: holdpoint.load gave {got!r} ({type(got).__name__}), torch.load "
+                                      f"{want!r} ({type(want).__name__})")
+        report.check(same(torch.load(path, weights_only=True), want), f"{name}: torch's safe loader disagrees")
+    # All of them nested, with a tensor beside them.
+    nested = {"config": dict(VALUES), "list": list(VALUES.values()), "w": torch.arange(3.0)}
+    path = saved_by_torch(tmp, "nested", nested)
+    want = torch.load(path, weights_only=False)
+    got = holdpoint.load(path)
+    report.check(same(got["config"], want["config"]) and same(got["list"], want["list"])
+                 and torch.equal(got["w"], want["w"]), "nested values differ from torch.load's")
+    # The point of returning torch's own types: code that uses them works.
+    report.check(torch.zeros(2, dtype=got["config"]["dtype"]).dtype == torch.float16, "dtype is not usable as one")
+    report.check(torch.zeros(got["config"]["size"]).shape == (2, 3), "torch.Size is not usable as one")
+
+
+def check_numpy_complex(report, tmp):
+    for value in (np.complex64(1.5 - 2j), np.complex128(0.1 + 3e300j)):
+        path = saved_by_torch(tmp, "numpy_complex", {"z": value})
+        got = holdpoint.load(path)["z"]
+        report.check(isinstance(got, complex) and got == complex(value),
+                     f"NumPy {type(value).__name__}: holdpoint.load gave {got!r}")
+
+
+def check_holdpoint_to_torch(report, tmp):
+    for name, value in VALUES.items():
+        path = os.path.join(tmp, f"hp_{name}.pt")
+        holdpoint.save(path, {"v": value})
+        back = torch.load(path, weights_only=True)["v"]
+        report.check(same(back, value), f"{name}: torch.load(weights_only=True) of holdpoint.save gave {back!r}")
+        again = holdpoint.load(path)["v"]
+        report.check(same(again, value), f"{name}: holdpoint.load of holdpoint.save gave {again!r}")
+
+
+def check_refusals(report, tmp):
+    path = os.path.join(tmp, "refused.pt")
+    # frozenset: torch's safe loader refuses it, and so does holdpoint, both ways.
+    torch.save(frozenset([1]), path)
+    report.check(code_of(lambda: holdpoint.load(path)) == "pickle_global_forbidden", "a frozenset file was read")
+    try:
+        torch.load(path, weights_only=True)
+        report.check(False, "torch's safe loader now reads frozenset: read it too (docs/format.md §5.4.3)")
+    except Exception:  # noqa: BLE001 - any refusal of torch's
+        pass
+    report.check(code_of(lambda: holdpoint.save(path, {"f": frozenset()})) == "write_value_unsupported",
+                 "holdpoint.save wrote a frozenset")
+    # A set of tensors: Python hashes tensors by identity, which a file cannot carry.
+    report.check(code_of(lambda: holdpoint.save(path, {"s": {torch.zeros(1)}})) == "write_value_unsupported",
+                 "holdpoint.save wrote a set of tensors")
+    # Hand-made pickles that torch.save never writes.
+    cases = {
+        # set([[1]]): an unhashable item
+        "set of a list": b"\x80\x02c__builtin__\nset\n]](K\x01ea\x85R.",
+        # complex(1): one argument
+        "complex of one": b"\x80\x02c__builtin__\ncomplex\nK\x01\x85R.",
+        # bytearray('ab'): text, not bytes
+        "bytearray of str": b"\x80\x02c__builtin__\nbytearray\nX\x02\x00\x00\x00ab\x85R.",
+        # torch.device('cuda', -1)
+        "device index -1": b"\x80\x02ctorch\ndevice\nX\x04\x00\x00\x00cudaJ\xff\xff\xff\xff\x86R.",
+        # torch.device('Evil Device')
+        "device name": b"\x80\x02ctorch\ndevice\nX\x0b\x00\x00\x00Evil Device\x85R.",
+    }
+    for what, data in cases.items():
+        pickle_archive(path, data)
+        report.check(code_of(lambda: holdpoint.load(path)) == "pickle_call_args_invalid",
+                     f"{what}: not refused with pickle_call_args_invalid")
+
+
+def main():
+    report = harness.Report("value_types")
+    with tempfile.TemporaryDirectory(prefix="holdpoint-types-") as tmp:
+        check_torch_to_holdpoint(report, tmp)
+        check_numpy_complex(report, tmp)
+        check_holdpoint_to_torch(report, tmp)
+        check_refusals(report, tmp)
+    return report.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
