@@ -288,7 +288,9 @@ class ToPython {
       case ValueKind::ordered_dict: {
         py::object out = value.is_ordered_dict() ? ordered_dict()() : py::dict();
         for (const auto& [key, item] : value.as_dict()) {
-          py::object py_key = key.is_string() ? py::object(py::str(key.as_string())) : py::object(py::int_(key.as_int()));
+          py::object py_key = key.is_string()    ? py::object(py::str(key.as_string()))
+                              : key.is_integer() ? py::object(py::int_(key.as_int()))
+                                                 : convert(key.value());
           out[py_key] = convert(item);
         }
         if (const auto& metadata = value.as_dict().metadata()) out.attr("_metadata") = convert(*metadata);
@@ -452,12 +454,19 @@ class FromPython {
       Dict entries;
       for (const auto& [key, item] : object.cast<py::dict>()) {
         std::optional<DictKey> dict_key;
-        if (py::isinstance<py::str>(key)) dict_key.emplace(key.cast<std::string>());
-        else if (py::isinstance<py::int_>(key) && !py::isinstance<py::bool_>(key)) dict_key.emplace(key.cast<std::int64_t>());
-        else {
+        if (py::isinstance<py::str>(key)) {
+          dict_key.emplace(key.cast<std::string>());
+        } else {
+          // int, None, bool, float, bytes or a tuple of them; an int beyond
+          // int64 or anything else is refused.
+          const Value made = convert(key, depth + 1);
+          if (valid_dict_key(made)) dict_key.emplace(made);
+        }
+        if (!dict_key) {
           throw Error(ErrorCode::write_value_unsupported, "save: a dict key of type " +
                                                               std::string(py::str(key.get_type().attr("__name__"))) +
-                                                              "; keys are str or int");
+                                                              "; keys are str, int, None, bool, float, bytes or "
+                                                              "tuples of them");
         }
         entries.insert(*dict_key, convert(item, depth + 1));
       }

@@ -108,7 +108,8 @@ def check_single_process(report, tmp):
     report.check(ours == expected, f"metadata: storage_data differs: {mismatched}")
     weight = meta["state_dict_metadata"]["model.0.weight"]
     report.check(weight["__class__"] == METADATA + "TensorStorageMetadata" and weight["size"] == (3, 4) and
-                 weight["properties"]["dtype"] == "torch.float32" and
+                 weight["properties"]["dtype"] is torch.float32 and weight["properties"]["layout"] is torch.strided and
+                 isinstance(weight["size"], torch.Size) and
                  weight["properties"]["memory_format"] == "torch.contiguous_format" and
                  weight["chunks"][0]["offsets"] == (0, 0), f"metadata: model.0.weight reads as {weight}")
     return folder

@@ -1,6 +1,7 @@
 """Python's and torch's own value types through holdpoint (issue 38, items 2 and 4):
-complex, set, bytearray, torch.device, torch.dtype, torch.Size and torch.layout, and
-NumPy complex scalars.
+complex, set, bytearray, torch.device, torch.dtype, torch.Size and torch.layout, dict
+keys other than str and int (tuples, floats, bools, None, bytes), and NumPy complex
+scalars.
 
 Both directions, against torch itself:
 - what torch.save writes, holdpoint.load returns as torch.load(weights_only=False)
@@ -42,6 +43,10 @@ VALUES = {
     "layout": torch.sparse_coo,
     "strided": torch.strided,
     "set_of_dtypes": {torch.float32, torch.int8},
+    # Keys Python allows and torch's safe loader opens, in insertion order.
+    "keys": {(1, 2): "tuple", 1.5: "float", True: "bool", None: "none", b"k": "bytes", (): "empty tuple",
+             (1, (2.5, None)): "nested", "a": "str", 9: "int", -0.5: "negative float"},
+    "int_keys_beside_floats": {2: "two", 2.5: "two and a half"},
 }
 
 
@@ -50,7 +55,8 @@ def same(a, b):
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+        return (len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+                and all(same(a[k], b[k]) for k in a))
     if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, complex):
@@ -132,6 +138,10 @@ def check_refusals(report, tmp):
     # A set of tensors: Python hashes tensors by identity, which a file cannot carry.
     report.check(code_of(lambda: holdpoint.save(path, {"s": {torch.zeros(1)}})) == "write_value_unsupported",
                  "holdpoint.save wrote a set of tensors")
+    # Keys holdpoint keeps out (docs/format.md §5.5): an int beyond int64, a complex, a frozenset.
+    for what, key in (("2**64", 2**64), ("complex", 1j), ("frozenset", frozenset())):
+        report.check(code_of(lambda: holdpoint.save(path, {key: 1})) == "write_value_unsupported",
+                     f"holdpoint.save wrote a {what} key")
     # Hand-made pickles that torch.save never writes.
     cases = {
         # set([[1]]): an unhashable item
@@ -145,6 +155,13 @@ def check_refusals(report, tmp):
         # torch.device('Evil Device')
         "device name": b"\x80\x02ctorch\ndevice\nX\x0b\x00\x00\x00Evil Device\x85R.",
     }
+    for what, data, code in (
+            # {[]: 1}: an unhashable key
+            ("list key", b"\x80\x02}]K\x01s.", "pickle_dict_key_invalid"),
+            # {1: 1, True: 2}: one key in Python; holdpoint refuses the second
+            ("1 and True", b"\x80\x02}(K\x01K\x01\x88K\x02u.", "pickle_duplicate_key")):
+        pickle_archive(path, data)
+        report.check(code_of(lambda: holdpoint.load(path)) == code, f"{what}: not refused with {code}")
     for what, data in cases.items():
         pickle_archive(path, data)
         report.check(code_of(lambda: holdpoint.load(path)) == "pickle_call_args_invalid",

@@ -1113,10 +1113,17 @@ TEST(PickleReader, RejectsMisshapenOrderedDictCalls) {
   duplicate.proto().global("collections", "OrderedDict").mark().str("a").integer(1).tuple2().str("a").integer(2);
   duplicate.tuple2().tuple().tuple1().reduce().stop();
   EXPECT_ERROR_CODE(read(duplicate), ErrorCode::pickle_duplicate_key);
-  PickleBuilder float_key;
-  float_key.proto().global("collections", "OrderedDict").mark().none().integer(1).tuple2().tuple().tuple1();
-  float_key.reduce().stop();
-  EXPECT_ERROR_CODE(read(float_key), ErrorCode::pickle_dict_key_invalid);
+  PickleBuilder list_key;  // Python could not hash it
+  list_key.proto().global("collections", "OrderedDict").mark().empty_list().integer(1).tuple2().tuple().tuple1();
+  list_key.reduce().stop();
+  EXPECT_ERROR_CODE(read(list_key), ErrorCode::pickle_dict_key_invalid);
+  // None is a key as Python allows it.
+  PickleBuilder none_key;
+  none_key.proto().global("collections", "OrderedDict").mark().none().integer(1).tuple2().tuple().tuple1();
+  none_key.reduce().stop();
+  const Value none_keyed = read_value(none_key);
+  ASSERT_EQ(none_keyed.as_dict().size(), 1u);
+  EXPECT_TRUE(none_keyed.as_dict().at_index(0).first.value().is_none());
 }
 
 TEST(PickleReader, RejectsCodecsEncodeMisuse) {
@@ -1195,19 +1202,120 @@ TEST(PickleReader, RejectsAppendOnDictOrTuple) {
   EXPECT_ERROR_CODE(read(on_tuple), ErrorCode::pickle_append_target);
 }
 
+// A BINFLOAT (big-endian).
+void key_float(PickleBuilder& p, double value) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  p.op(op::BINFLOAT);
+  for (int shift = 56; shift >= 0; shift -= 8) p.u8(static_cast<std::uint8_t>(bits >> shift));
+}
+
+TEST(PickleReader, ReadsEveryKeyPythonCanHashAndAFileCanName) {
+  // {(1, 2): 0, 1.5: 1, True: 2, None: 3, b'k': 4, (): 5, (1, (2.5, None)): 6, 'a': 7, 9: 8}
+  PickleBuilder p;
+  p.proto().empty_dict().mark();
+  p.integer(1).integer(2).tuple2().integer(0);
+  key_float(p, 1.5);
+  p.integer(1).boolean(true).integer(2).none().integer(3);
+  p.global("_codecs", "encode").str("k").str("latin1").tuple2().reduce().integer(4);
+  p.empty_tuple().integer(5);
+  p.integer(1);
+  key_float(p, 2.5);
+  p.none().tuple2().tuple2().integer(6);
+  p.str("a").integer(7).integer(9).integer(8);
+  p.setitems().stop();
+  const Value root = read_value(p);
+  const Dict& d = root.as_dict();
+  ASSERT_EQ(d.size(), 9u);
+  for (std::size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d.at_index(i).second.as_int(), static_cast<std::int64_t>(i));
+  EXPECT_EQ(d.at_index(0).first.to_string(), "(1, 2)");
+  EXPECT_EQ(d.at_index(1).first.to_string(), "1.5");
+  EXPECT_EQ(d.at_index(2).first.to_string(), "True");
+  EXPECT_EQ(d.at_index(3).first.to_string(), "None");
+  EXPECT_EQ(d.at_index(4).first.to_string(), "b'k'");
+  EXPECT_EQ(d.at_index(5).first.to_string(), "()");
+  EXPECT_EQ(d.at_index(6).first.to_string(), "(1, (2.5, None))");
+  EXPECT_TRUE(d.at_index(2).first.value().is_bool()) << "True stays a bool";
+  EXPECT_TRUE(d.at_index(4).first.value().is_bytes());
+  // Found by an equal key of another kind, as in Python: 1 == True.
+  EXPECT_EQ(d.find(std::int64_t{1})->as_int(), 2);
+  EXPECT_EQ(d.find(DictKey(Value::floating(1.0)))->as_int(), 2);
+  EXPECT_EQ(d.find(DictKey(Value::tuple({Value::integer(1), Value::integer(2)})))->as_int(), 0);
+  EXPECT_EQ(d.find(DictKey(Value::tuple({Value::floating(1.0), Value::boolean(false) /* 0 */})) ), nullptr);
+  // The writer writes them back; they read the same.
+  const PickleWriteResult written = write_pickle(root);
+  MemoryStorages storages;
+  const Value back = read_pickle(written.pickle, storages, Limits{}).root;
+  EXPECT_EQ(describe_difference(root, back), "");
+  EXPECT_TRUE(back.as_dict().at_index(2).first.value().is_bool());
+}
+
 TEST(PickleReader, RejectsInvalidDictKeys) {
-  PickleBuilder tuple_key;
-  tuple_key.proto().empty_dict().empty_tuple().integer(1).setitem().stop();
-  EXPECT_ERROR_CODE(read(tuple_key), ErrorCode::pickle_dict_key_invalid);
-  PickleBuilder none_key;
-  none_key.proto().empty_dict().none().integer(1).setitem().stop();
-  EXPECT_ERROR_CODE(read(none_key), ErrorCode::pickle_dict_key_invalid);
-  PickleBuilder bool_key;
-  bool_key.proto().empty_dict().boolean(true).integer(1).setitem().stop();
-  EXPECT_ERROR_CODE(read(bool_key), ErrorCode::pickle_dict_key_invalid);
-  PickleBuilder float_key;
-  float_key.proto().empty_dict().op(op::BINFLOAT).le(0, 8).integer(1).setitem().stop();
-  EXPECT_ERROR_CODE(read(float_key), ErrorCode::pickle_dict_key_invalid);
+  const auto keyed = [](const std::function<void(PickleBuilder&)>& key) {
+    PickleBuilder p;
+    p.proto().empty_dict();
+    key(p);
+    p.integer(1).setitem().stop();
+    return p;
+  };
+  // Unhashable in Python: a list, a dict, a tuple holding a list.
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) { p.empty_list(); })), ErrorCode::pickle_dict_key_invalid);
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) { p.empty_dict(); })), ErrorCode::pickle_dict_key_invalid);
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) { p.integer(1).empty_list().tuple2(); })),
+                    ErrorCode::pickle_dict_key_invalid);
+  // A tensor (hashed by identity in Python, which a file cannot carry), also inside a tuple.
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) { p.tensor("FloatStorage", "0", 2, 0, {2}, {1}); })),
+                    ErrorCode::pickle_dict_key_invalid);
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) { p.tensor("FloatStorage", "0", 2, 0, {2}, {1}).tuple1(); })),
+                    ErrorCode::pickle_dict_key_invalid);
+  // Kinds holdpoint keeps out of keys (docs/format.md §5.5): ints beyond int64, complex, sets, torch types.
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) {
+                      p.op(op::LONG1).u8(9).raw(std::string("\0\0\0\0\0\0\0\0\x01", 9));  // 2^64
+                    })),
+                    ErrorCode::pickle_dict_key_invalid);
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) {
+                      p.global("builtins", "complex").integer(1).integer(2).tuple2().reduce();
+                    })),
+                    ErrorCode::pickle_dict_key_invalid);
+  EXPECT_ERROR_CODE(read(keyed([](PickleBuilder& p) { p.global("torch", "float32"); })),
+                    ErrorCode::pickle_dict_key_invalid);
+}
+
+TEST(PickleReader, KeysPythonDeemsEqualAreOneKey) {
+  // 1, 1.0 and True are one key in Python: a second is a duplicate, as is a
+  // second equal tuple or NaN of the same bits.
+  const auto twice = [](const std::function<void(PickleBuilder&)>& first, const std::function<void(PickleBuilder&)>& second) {
+    PickleBuilder p;
+    p.proto().empty_dict().mark();
+    first(p);
+    p.integer(1);
+    second(p);
+    p.integer(2).setitems().stop();
+    return p;
+  };
+  const auto one = [](PickleBuilder& p) { p.integer(1); };
+  const auto one_float = [](PickleBuilder& p) { key_float(p, 1.0); };
+  const auto true_key = [](PickleBuilder& p) { p.boolean(true); };
+  EXPECT_ERROR_CODE(read(twice(one, true_key)), ErrorCode::pickle_duplicate_key);
+  EXPECT_ERROR_CODE(read(twice(true_key, one_float)), ErrorCode::pickle_duplicate_key);
+  EXPECT_ERROR_CODE(read(twice(one_float, one)), ErrorCode::pickle_duplicate_key);
+  EXPECT_ERROR_CODE(read(twice([](PickleBuilder& p) { p.integer(0); }, [](PickleBuilder& p) { key_float(p, -0.0); })),
+                    ErrorCode::pickle_duplicate_key);
+  EXPECT_ERROR_CODE(read(twice([](PickleBuilder& p) { p.integer(1).none().tuple2(); },
+                               [](PickleBuilder& p) { p.boolean(true).none().tuple2(); })),
+                    ErrorCode::pickle_duplicate_key);
+  // Not equal in Python: a str and bytes, 1.5 and 1, (1,) and 1.
+  EXPECT_NO_THROW(read(twice([](PickleBuilder& p) { p.str("k"); },
+                             [](PickleBuilder& p) { p.global("_codecs", "encode").str("k").str("latin1").tuple2().reduce(); })));
+  EXPECT_NO_THROW(read(twice([](PickleBuilder& p) { key_float(p, 1.5); }, one)));
+  EXPECT_NO_THROW(read(twice([](PickleBuilder& p) { p.integer(1).tuple1(); }, one)));
+  // The same holds once the dict is indexed (16 keys and more).
+  PickleBuilder large;
+  large.proto().empty_dict().mark();
+  for (int i = 0; i < 40; ++i) large.integer(i).integer(i);
+  key_float(large, 33.0);
+  large.integer(0).setitems().stop();
+  EXPECT_ERROR_CODE(read(large), ErrorCode::pickle_duplicate_key);
 }
 
 TEST(PickleReader, RejectsDuplicateKeys) {

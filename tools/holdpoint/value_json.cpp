@@ -61,8 +61,9 @@ class Encoder {
       case ValueKind::ordered_dict: {
         ordered_json entries = ordered_json::array();
         for (const auto& [key, item] : value.as_dict()) {
-          ordered_json encoded_key = key.is_string() ? ordered_json{{"str", key.as_string()}}
-                                                     : ordered_json{{"int", std::to_string(key.as_int())}};
+          ordered_json encoded_key = key.is_string()    ? ordered_json{{"str", key.as_string()}}
+                                     : key.is_integer() ? ordered_json{{"int", std::to_string(key.as_int())}}
+                                                        : encode(key.value());
           entries.push_back(ordered_json::array({std::move(encoded_key), encode(item)}));
         }
         return ordered_json{{value.is_ordered_dict() ? "odict" : "dict", std::move(entries)}};

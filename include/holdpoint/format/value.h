@@ -272,25 +272,46 @@ std::string big_integer_decimal(std::string_view little_endian);
 
 class Value;
 
-// A dict key: a string or an integer (PyTorch optimizer state is keyed by int).
+// A dict key: a string or an integer (PyTorch optimizer state is keyed by
+// int), or any other key a Python dict in a checkpoint may have: None, bool,
+// float, bytes, or a tuple of keys. Keys compare as Python compares them:
+// 1, 1.0 and True are one key (the first kept), so a dict never holds two
+// keys Python would merge; a float NaN equals a NaN of the same bits.
 class DictKey {
  public:
   DictKey(std::string key) : key_(std::move(key)) {}
   DictKey(const char* key) : key_(std::string(key)) {}
   DictKey(std::int64_t key) : key_(key) {}
   DictKey(int key) : key_(std::int64_t{key}) {}
+  // A str or int Value makes the plain key; None, bool, float, bytes and
+  // tuples of keys an object key. Anything else throws
+  // Error(invalid_argument) (valid_dict_key says which).
+  explicit DictKey(const class Value& key);
 
   bool is_string() const noexcept { return std::holds_alternative<std::string>(key_); }
-  bool is_integer() const noexcept { return !is_string(); }
+  bool is_integer() const noexcept { return std::holds_alternative<std::int64_t>(key_); }
+  // None, bool, float, bytes or a tuple.
+  bool is_object() const noexcept { return std::holds_alternative<std::shared_ptr<const Object>>(key_); }
   const std::string& as_string() const;
   std::int64_t as_int() const;
-  bool operator==(const DictKey& other) const = default;
-  // "'name'" or "3", for messages.
+  // The key as a Value, whatever its kind (a str or int Value for those).
+  class Value value() const;
+  bool operator==(const DictKey& other) const;
+  // "'name'", "3", or Python's way for the others ("(1, None)", "2.5",
+  // "True", "b'..'"), for messages.
   std::string to_string() const;
+  // Python-equality classes as bytes: two keys are equal exactly when these
+  // are (an int and an integral float or bool share one).
+  std::string canonical() const;
 
  private:
-  std::variant<std::int64_t, std::string> key_;
+  struct Object;
+  std::variant<std::int64_t, std::string, std::shared_ptr<const Object>> key_;
 };
+
+// Whether `key` may be a dict key (DictKey(const Value&)): str, int, None,
+// bool, float, bytes, or a tuple of those.
+bool valid_dict_key(const class Value& key) noexcept;
 
 // Insertion-ordered mapping with string or integer keys and unique keys.
 class Dict {

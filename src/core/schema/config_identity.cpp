@@ -77,6 +77,12 @@ void append_canonical(std::string& out, const Value& value, const std::string& p
     }
     case ValueKind::dict:
     case ValueKind::ordered_dict: {
+      for (const auto& [key, item] : value.as_dict()) {
+        if (key.is_object()) {
+          fail(ErrorCode::config_invalid, path, " has the key ", key.to_string(),
+               "; configuration keys are str or int");
+        }
+      }
       std::vector<std::pair<std::string, const Value*>> sorted;
       if (version == ConfigDigestVersion::text_key_order) {
         // Kept to check files written before python_key_order: every key by its

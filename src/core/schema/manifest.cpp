@@ -575,9 +575,12 @@ class DigestEncoder {
           if (key.is_string()) {
             tag('s');
             text(key.as_string());
-          } else {
+          } else if (key.is_integer()) {
             tag('i');
             u64(static_cast<std::uint64_t>(key.as_int()));
+          } else {
+            tag('k');
+            encode(key.value());
           }
           encode(item);
         }
@@ -650,7 +653,7 @@ Value contract_of(const Value& state) {
     case ValueKind::ordered_dict: {
       Dict fields;
       for (const auto& [key, item] : state.as_dict()) {
-        fields.insert(key.is_string() ? DictKey(key.as_string()) : DictKey(key.as_int()), contract_of(item));
+        fields.insert(key, contract_of(item));
       }
       Dict entry;
       entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));

@@ -95,7 +95,7 @@ class TreeWalk {
   }
 
  private:
-  std::string key_text(const DictKey& key) const { return key.is_string() ? key.as_string() : std::to_string(key.as_int()); }
+  std::string key_text(const DictKey& key) const { return key.is_string() ? key.as_string() : key.to_string(); }
 
   // Where a child of `where` at `depth` (the child's depth) lies.
   Where child_where(const Where& where, const std::string& path, const std::string& key, const Value& child,

@@ -621,7 +621,8 @@ class Machine {
   void do_append(bool from_mark);
   void do_setitem(bool from_mark);
   void set_item(Item& target, const Item& key, const Item& value);
-  FingerprintSet::Fingerprint dropped_key_fingerprint(const Dict& dict, const Item& key);
+  FingerprintSet::Fingerprint dropped_key_fingerprint(const Dict& dict, const Item& key,
+                                                      const std::optional<DictKey>& object_key);
   // Whether `dict` holds a tensor the read dropped (PickleOptions::drop_tensors):
   // what checks a dict's values asks, so that a dropped tensor fails them as
   // the tensor would.
@@ -1198,13 +1199,26 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
   if (target_kind != ValueKind::dict && target_kind != ValueKind::ordered_dict) {
     error(ErrorCode::pickle_setitem_target, "the target is a ", describe(target), ", not a dict");
   }
+  // A key other than str and int (None, bool, float, bytes, a tuple of keys):
+  // made a Value and compared as Python compares keys.
+  std::optional<DictKey> object_key;
   if (key.kind != ItemKind::text && key.kind != ItemKind::integer) {
-    error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key), " key; keys are str or int");
+    const auto kind = value_kind(key);
+    if (kind == ValueKind::none || kind == ValueKind::boolean || kind == ValueKind::floating ||
+        kind == ValueKind::bytes || kind == ValueKind::tuple) {
+      const Value made = take_value(key, "a dict key");
+      if (valid_dict_key(made) && !holds_dropped_tensor(made)) object_key.emplace(made);
+    }
+    if (!object_key) {
+      error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key),
+            " key; keys are str, int, None, bool, float, bytes or tuples of them");
+    }
   }
   count_elements(1);
   add_child(target, key);
   add_child(target, value);
   const auto dict_key = [&] {
+    if (object_key) return *object_key;
     return key.kind == ItemKind::text ? DictKey(std::string(text(key))) : DictKey(key.integer);
   };
   const auto duplicate = [&] {
@@ -1213,9 +1227,10 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
   if (options_.drop_tensors && value_kind(value) == ValueKind::tensor) {
     Value& container = make_mutable(target);
     const Dict& dict = container.as_dict();
-    const bool present =
-        (key.kind == ItemKind::text ? dict.find(text(key)) : dict.find(key.integer)) != nullptr;
-    if (present || !dropped_keys_.insert(dropped_key_fingerprint(dict, key))) duplicate();
+    const bool present = (object_key                 ? dict.find(*object_key)
+                          : key.kind == ItemKind::text ? dict.find(text(key))
+                                                       : dict.find(key.integer)) != nullptr;
+    if (present || !dropped_keys_.insert(dropped_key_fingerprint(dict, key, object_key))) duplicate();
     dicts_with_dropped_keys_.try_emplace(&dict, container);
     return;
   }
@@ -1223,15 +1238,18 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
   Dict& dict = make_mutable(target).mutable_dict();
   // Only a dict that took a dropped key can hold its fingerprint; asking that
   // first spares the two SipHashes for every other insert.
-  if (options_.drop_tensors && holds_dropped_tensor(dict) && dropped_keys_.contains(dropped_key_fingerprint(dict, key))) {
+  if (options_.drop_tensors && holds_dropped_tensor(dict) &&
+      dropped_keys_.contains(dropped_key_fingerprint(dict, key, object_key))) {
     duplicate();
   }
   if (!dict.insert(dict_key(), std::move(entry))) duplicate();
 }
 
-// (dict address, key kind, key bytes): the dict is kept alive, so its address
-// names it for the whole parse.
-FingerprintSet::Fingerprint Machine::dropped_key_fingerprint(const Dict& dict, const Item& key) {
+// (dict address, key): the dict is kept alive, so its address names it for
+// the whole parse. A key other than a str goes by its Python equality class
+// (DictKey::canonical), so that 1, 1.0 and True are one key here as in Dict.
+FingerprintSet::Fingerprint Machine::dropped_key_fingerprint(const Dict& dict, const Item& key,
+                                                             const std::optional<DictKey>& object_key) {
   std::string& input = fingerprint_input_;
   const auto address = reinterpret_cast<std::uintptr_t>(&dict);
   input.assign(reinterpret_cast<const char*>(&address), sizeof address);
@@ -1239,8 +1257,8 @@ FingerprintSet::Fingerprint Machine::dropped_key_fingerprint(const Dict& dict, c
     input += 's';
     input += text(key);
   } else {
-    input += 'i';
-    input.append(reinterpret_cast<const char*>(&key.integer), sizeof key.integer);
+    input += 'k';
+    input += object_key ? object_key->canonical() : DictKey(key.integer).canonical();
   }
   return FingerprintSet::of(input);
 }
@@ -1655,10 +1673,11 @@ Item Machine::reduce_ordered_dict(const Item& args) {
             ", not a [key, value] pair");
     }
     const Value& key = pair.as_list()[0];
-    std::optional<DictKey> dict_key;
-    if (key.is_string()) dict_key.emplace(key.as_string());
-    if (key.is_int()) dict_key.emplace(key.as_int());
-    if (!dict_key) error(ErrorCode::pickle_dict_key_invalid, "a ", value_kind_name(key.kind()), " key");
+    if (!valid_dict_key(key) || holds_dropped_tensor(key)) {
+      error(ErrorCode::pickle_dict_key_invalid, "a ", value_kind_name(key.kind()),
+            " key; keys are str, int, None, bool, float, bytes or tuples of them");
+    }
+    const std::optional<DictKey> dict_key(std::in_place, key);
     if (!dict.insert(*dict_key, pair.as_list()[1])) {
       error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key->to_string()), " occurs twice");
     }

@@ -335,11 +335,13 @@ class Emitter {
     put(op::REDUCE);
   }
 
-  void emit_key(const DictKey& key) {
+  void emit_key(const DictKey& key, std::uint32_t level) {
     if (key.is_string()) {
       emit_str(key.as_string());
-    } else {
+    } else if (key.is_integer()) {
       emit_int(key.as_int());
+    } else {
+      emit(key.value(), level);  // None, bool, float, bytes or a tuple of them
     }
   }
 
@@ -359,7 +361,7 @@ class Emitter {
       put(op::MARK);
       const std::size_t end = std::min(dict.size(), start + op::kBatchSize);
       for (std::size_t i = start; i < end; ++i) {
-        emit_key(dict.at_index(i).first);
+        emit_key(dict.at_index(i).first, level + 1);
         emit(dict.at_index(i).second, level + 1);
       }
       put(op::SETITEMS);

@@ -1,6 +1,8 @@
 #include "holdpoint/format/value.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -257,19 +259,167 @@ std::string big_integer_decimal(std::string_view little_endian) {
   return {digits.rbegin(), digits.rend()};
 }
 
+struct DictKey::Object {
+  Value value;
+  std::string canonical;
+};
+
+namespace {
+
+void append_canonical_int(std::string& out, std::int64_t value) {
+  out += 'I';
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(static_cast<std::uint64_t>(value) >> (8 * i)));
+}
+
+void append_canonical_text(std::string& out, char tag, std::string_view text) {
+  out += tag;
+  append_canonical_int(out, static_cast<std::int64_t>(text.size()));
+  out.append(text);
+}
+
+// Python's equality classes of keys: bool and integral floats as the int
+// they equal (-0.0 as 0), other floats by their bits.
+void append_canonical_key(std::string& out, const Value& key) {
+  switch (key.kind()) {
+    case ValueKind::none: out += 'N'; return;
+    case ValueKind::boolean: append_canonical_int(out, key.as_bool() ? 1 : 0); return;
+    case ValueKind::integer: append_canonical_int(out, key.as_int()); return;
+    case ValueKind::floating: {
+      const double d = key.as_double();
+      if (d == std::trunc(d) && d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
+        append_canonical_int(out, static_cast<std::int64_t>(d));
+        return;
+      }
+      out += 'F';
+      const auto bits = std::bit_cast<std::uint64_t>(d);
+      for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(bits >> (8 * i)));
+      return;
+    }
+    case ValueKind::string: append_canonical_text(out, 'S', key.as_string()); return;
+    case ValueKind::bytes: append_canonical_text(out, 'B', key.as_bytes()); return;
+    case ValueKind::tuple:
+      out += 'T';
+      append_canonical_int(out, static_cast<std::int64_t>(key.as_list().size()));
+      for (const Value& item : key.as_list()) append_canonical_key(out, item);
+      return;
+    default: break;
+  }
+  fail(ErrorCode::invalid_argument, "a ", value_kind_name(key.kind()), " cannot be a dict key");
+}
+
+// Python's repr of a key, for messages (bounded by printable() where it names file data).
+void append_key_text(std::string& out, const Value& key) {
+  switch (key.kind()) {
+    case ValueKind::none: out += "None"; return;
+    case ValueKind::boolean: out += key.as_bool() ? "True" : "False"; return;
+    case ValueKind::integer: out += std::to_string(key.as_int()); return;
+    case ValueKind::floating: {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.17g", key.as_double());
+      out += text;
+      return;
+    }
+    case ValueKind::string: out += "'" + key.as_string() + "'"; return;
+    case ValueKind::bytes: {
+      out += "b'";
+      for (const char c : key.as_bytes()) {
+        const auto byte = static_cast<unsigned char>(c);
+        if (byte >= 0x20 && byte < 0x7f && byte != '\\' && byte != '\'') {
+          out.push_back(c);
+        } else {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\x%02x", byte);
+          out += escaped;
+        }
+      }
+      out += "'";
+      return;
+    }
+    case ValueKind::tuple: {
+      out += "(";
+      const auto& items = key.as_list();
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i) out += ", ";
+        append_key_text(out, items[i]);
+      }
+      out += items.size() == 1 ? ",)" : ")";
+      return;
+    }
+    default: out += value_kind_name(key.kind()); return;
+  }
+}
+
+}  // namespace
+
+bool valid_dict_key(const Value& key) noexcept {
+  switch (key.kind()) {
+    case ValueKind::none:
+    case ValueKind::boolean:
+    case ValueKind::integer:
+    case ValueKind::floating:
+    case ValueKind::string:
+    case ValueKind::bytes: return true;
+    case ValueKind::tuple:
+      return std::all_of(key.as_list().begin(), key.as_list().end(), [](const Value& item) { return valid_dict_key(item); });
+    default: return false;
+  }
+}
+
+DictKey::DictKey(const Value& key) {
+  if (key.is_string()) {
+    key_ = key.as_string();
+  } else if (key.is_int()) {
+    key_ = key.as_int();
+  } else {
+    if (!valid_dict_key(key)) {
+      fail(ErrorCode::invalid_argument, "a ", value_kind_name(key.kind()),
+           " cannot be a dict key (keys are str, int, None, bool, float, bytes or tuples of them)");
+    }
+    std::string canonical;
+    append_canonical_key(canonical, key);
+    key_ = std::make_shared<const Object>(Object{key, std::move(canonical)});
+  }
+}
+
 const std::string& DictKey::as_string() const {
-  if (!is_string()) fail(ErrorCode::invalid_argument, "dict key ", to_string(), " is an int, not a str");
+  if (!is_string()) fail(ErrorCode::invalid_argument, "dict key ", to_string(), " is not a str");
   return std::get<std::string>(key_);
 }
 
 std::int64_t DictKey::as_int() const {
-  if (!is_integer()) fail(ErrorCode::invalid_argument, "dict key ", to_string(), " is a str, not an int");
+  if (!is_integer()) fail(ErrorCode::invalid_argument, "dict key ", to_string(), " is not an int");
   return std::get<std::int64_t>(key_);
+}
+
+Value DictKey::value() const {
+  if (is_string()) return Value::string(std::get<std::string>(key_));
+  if (is_integer()) return Value::integer(std::get<std::int64_t>(key_));
+  return std::get<std::shared_ptr<const Object>>(key_)->value;
+}
+
+std::string DictKey::canonical() const {
+  if (is_object()) return std::get<std::shared_ptr<const Object>>(key_)->canonical;
+  std::string out;
+  if (is_string()) {
+    append_canonical_text(out, 'S', std::get<std::string>(key_));
+  } else {
+    append_canonical_int(out, std::get<std::int64_t>(key_));
+  }
+  return out;
+}
+
+bool DictKey::operator==(const DictKey& other) const {
+  if (!is_object() && !other.is_object()) return key_ == other.key_;
+  if (is_string() || other.is_string()) return false;  // an object key is never a str
+  return canonical() == other.canonical();
 }
 
 std::string DictKey::to_string() const {
   if (is_string()) return "'" + std::get<std::string>(key_) + "'";
-  return std::to_string(std::get<std::int64_t>(key_));
+  if (is_integer()) return std::to_string(std::get<std::int64_t>(key_));
+  std::string out;
+  append_key_text(out, std::get<std::shared_ptr<const Object>>(key_)->value);
+  return out;
 }
 
 // ---- Dict ----------------------------------------------------------------------------
@@ -285,11 +435,23 @@ std::uint64_t key_hash(std::int64_t key) {
   return detail::siphash24(detail::process_sip_key(), &key, sizeof key);
 }
 std::uint64_t key_hash(const DictKey& key) {
-  return key.is_string() ? key_hash(std::string_view(key.as_string())) : key_hash(key.as_int());
+  if (key.is_string()) return key_hash(std::string_view(key.as_string()));
+  if (key.is_integer()) return key_hash(key.as_int());
+  // An object key equal to an int (True, 2.0) hashes as that int.
+  const std::string canonical = key.canonical();
+  if (canonical.size() == 9 && canonical[0] == 'I') {
+    std::uint64_t bits = 0;
+    for (int i = 0; i < 8; ++i) bits |= std::uint64_t{static_cast<unsigned char>(canonical[1 + i])} << (8 * i);
+    return key_hash(static_cast<std::int64_t>(bits));
+  }
+  return detail::keyed_hash(canonical);
 }
 
 bool key_equals(const DictKey& stored, std::string_view key) { return stored.is_string() && stored.as_string() == key; }
-bool key_equals(const DictKey& stored, std::int64_t key) { return stored.is_integer() && stored.as_int() == key; }
+bool key_equals(const DictKey& stored, std::int64_t key) {
+  if (stored.is_integer()) return stored.as_int() == key;
+  return stored.is_object() && stored == DictKey(key);
+}
 bool key_equals(const DictKey& stored, const DictKey& key) { return stored == key; }
 
 }  // namespace
