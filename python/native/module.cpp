@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -260,18 +261,28 @@ class ToPython {
   explicit ToPython(py::object make_tensor, const std::unordered_map<const void*, std::size_t>* absent = nullptr)
       : make_tensor_(std::move(make_tensor)), absent_(absent) {}
 
+  // A container the file shares (one object referenced twice, docs/format.md
+  // §5.6) becomes one Python object referenced twice, as torch.load gives it.
   py::object convert(const Value& value) {
     switch (value.kind()) {
-      case ValueKind::none: return py::none();
-      case ValueKind::boolean: return py::bool_(value.as_bool());
-      case ValueKind::integer: return py::int_(value.as_int());
-      case ValueKind::big_integer: {
-        static py::object* from_bytes = new py::object(py::module_::import("builtins").attr("int").attr("from_bytes"));
-        return (*from_bytes)(py::bytes(std::string(value.as_big_integer())), "little", py::arg("signed") = true);
+      case ValueKind::list:
+      case ValueKind::tuple:
+      case ValueKind::dict:
+      case ValueKind::ordered_dict:
+      case ValueKind::set: {
+        const void* identity = value.node_identity();
+        if (const auto found = containers_.find(identity); found != containers_.end()) return found->second;
+        py::object object = container(value);
+        containers_.emplace(identity, object);
+        return object;
       }
-      case ValueKind::floating: return py::float_(value.as_double());
-      case ValueKind::string: return py::str(value.as_string());
-      case ValueKind::bytes: return py::bytes(value.as_bytes());
+      default: return scalar(value);
+    }
+  }
+
+ private:
+  py::object container(const Value& value) {
+    switch (value.kind()) {
       case ValueKind::list: {
         py::list out(value.as_list().size());
         std::size_t i = 0;
@@ -284,8 +295,12 @@ class ToPython {
         for (const Value& item : value.as_list()) out[i++] = convert(item);
         return out;
       }
-      case ValueKind::dict:
-      case ValueKind::ordered_dict: {
+      case ValueKind::set: {
+        py::set out;
+        for (const Value& item : value.as_list()) out.add(convert(item));
+        return out;
+      }
+      default: {  // dict or OrderedDict
         py::object out = value.is_ordered_dict() ? ordered_dict()() : py::dict();
         for (const auto& [key, item] : value.as_dict()) {
           py::object py_key = key.is_string()    ? py::object(py::str(key.as_string()))
@@ -296,15 +311,25 @@ class ToPython {
         if (const auto& metadata = value.as_dict().metadata()) out.attr("_metadata") = convert(*metadata);
         return out;
       }
+    }
+  }
+
+  py::object scalar(const Value& value) {
+    switch (value.kind()) {
+      case ValueKind::none: return py::none();
+      case ValueKind::boolean: return py::bool_(value.as_bool());
+      case ValueKind::integer: return py::int_(value.as_int());
+      case ValueKind::big_integer: {
+        static py::object* from_bytes = new py::object(py::module_::import("builtins").attr("int").attr("from_bytes"));
+        return (*from_bytes)(py::bytes(std::string(value.as_big_integer())), "little", py::arg("signed") = true);
+      }
+      case ValueKind::floating: return py::float_(value.as_double());
+      case ValueKind::string: return py::str(value.as_string());
+      case ValueKind::bytes: return py::bytes(value.as_bytes());
       case ValueKind::tensor: return tensor(value.as_tensor());
       case ValueKind::complex_number: {
         const std::complex<double> z = value.as_complex();
         return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(z.real(), z.imag()));
-      }
-      case ValueKind::set: {
-        py::set out;
-        for (const Value& item : value.as_list()) out.add(convert(item));
-        return out;
       }
       case ValueKind::bytearray: {
         const std::string_view bytes = value.as_bytes();
@@ -334,11 +359,15 @@ class ToPython {
         if (!torch) return py::str(value.as_layout());
         return torch->module.attr(value.as_layout().substr(std::string_view("torch.").size()).c_str());
       }
+      case ValueKind::list:
+      case ValueKind::tuple:
+      case ValueKind::dict:
+      case ValueKind::ordered_dict:
+      case ValueKind::set: return convert(value);
     }
     return py::none();
   }
 
- private:
   static py::object& ordered_dict() {
     static py::object* cls = new py::object(py::module_::import("collections").attr("OrderedDict"));
     return *cls;
@@ -369,6 +398,7 @@ class ToPython {
   py::object make_tensor_;
   const std::unordered_map<const void*, std::size_t>* absent_;
   std::unordered_map<const void*, py::object> buffers_;
+  std::unordered_map<const void*, py::object> containers_;  // by Value::node_identity()
 };
 
 py::dict mapping_info(const LoadedMapping& mapping) {
@@ -398,7 +428,29 @@ class FromPython {
     ordered_dict_ = py::module_::import("collections").attr("OrderedDict");
   }
 
+  // A list, tuple, set or dict met twice becomes one shared Value, which the
+  // writer memoizes, so the file keeps the sharing as torch.save's does. A
+  // container that holds itself is refused: no reader of holdpoint's takes
+  // a cycle (docs/format.md §5.6).
   Value convert(const py::handle& object, int depth = 0) {
+    PyObject* raw = object.ptr();
+    if (!(PyDict_Check(raw) || PyList_Check(raw) || PyTuple_Check(raw) || PySet_Check(raw))) {
+      return convert_one(object, depth);
+    }
+    if (const auto found = converted_.find(raw); found != converted_.end()) return found->second;
+    if (!in_progress_.insert(raw).second) {
+      throw Error(ErrorCode::write_value_unsupported,
+                  "save: a " + std::string(py::str(object.get_type().attr("__name__"))) +
+                      " holds itself (a cycle); holdpoint writes and reads only acyclic data");
+    }
+    Value value = convert_one(object, depth);
+    in_progress_.erase(raw);
+    converted_.emplace(raw, value);
+    return value;
+  }
+
+ private:
+  Value convert_one(const py::handle& object, int depth) {
     if (depth > 64) throw Error(ErrorCode::write_value_unsupported, "save: containers nest deeper than 64 levels");
     if (object.is_none()) return Value::none();
     if (py::isinstance<py::bool_>(object)) return Value::boolean(object.cast<bool>());
@@ -528,6 +580,8 @@ class FromPython {
   py::object tensor_parts_;
   py::object ordered_dict_;
   std::unordered_map<const void*, std::shared_ptr<const Storage>> storages_;
+  std::unordered_map<const PyObject*, Value> converted_;  // containers, by identity
+  std::unordered_set<const PyObject*> in_progress_;       // containers being converted
 };
 
 // ---- entry points ---------------------------------------------------------------------------

@@ -105,6 +105,35 @@ def check_torch_to_holdpoint(report, tmp):
     report.check(torch.zeros(got["config"]["size"]).shape == (2, 3), "torch.Size is not usable as one")
 
 
+def check_shared_and_cyclic(report, tmp):
+    """A container referenced twice is one object referenced twice, both ways; a
+    cycle is refused with its own code (torch's safe loader reads one)."""
+    shared_list, shared_dict = [1, 2], {"lr": 0.1}
+    state = {"a": shared_list, "b": shared_list, "groups": [shared_dict, shared_dict], "t": (shared_list,)}
+    path = saved_by_torch(tmp, "shared", state)
+    got = holdpoint.load(path)
+    want = torch.load(path, weights_only=False)
+    report.check(got["a"] is got["b"] and got["groups"][0] is got["groups"][1] and got["t"][0] is got["a"],
+                 "a container torch.save shared came back as copies")
+    report.check(same(got, want), "shared containers: values differ from torch.load's")
+    mine = os.path.join(tmp, "shared_by_holdpoint.pt")
+    holdpoint.save(mine, state)
+    back = torch.load(mine, weights_only=True)
+    report.check(back["a"] is back["b"] and back["groups"][0] is back["groups"][1] and back["t"][0] is back["a"],
+                 "holdpoint.save lost the sharing torch.load sees")
+    again = holdpoint.load(mine)
+    report.check(again["a"] is again["b"] and same(again, want), "holdpoint.load of holdpoint.save lost the sharing")
+    # A list that holds itself: torch reads it; holdpoint refuses it, reading and writing.
+    cyclic = [1]
+    cyclic.append(cyclic)
+    path = saved_by_torch(tmp, "cyclic", {"c": cyclic})
+    loaded = torch.load(path, weights_only=True)
+    report.check(loaded["c"][1] is loaded["c"], "torch's safe loader no longer reads a cycle: read it too")
+    report.check(code_of(lambda: holdpoint.load(path)) == "pickle_cycle", "a cyclic list was not refused as pickle_cycle")
+    report.check(code_of(lambda: holdpoint.save(os.path.join(tmp, "cyclic_by_holdpoint.pt"), {"c": cyclic}))
+                 == "write_value_unsupported", "holdpoint.save wrote a cycle")
+
+
 def check_numpy_complex(report, tmp):
     for value in (np.complex64(1.5 - 2j), np.complex128(0.1 + 3e300j)):
         path = saved_by_torch(tmp, "numpy_complex", {"z": value})
@@ -172,6 +201,7 @@ def main():
     report = harness.Report("value_types")
     with tempfile.TemporaryDirectory(prefix="holdpoint-types-") as tmp:
         check_torch_to_holdpoint(report, tmp)
+        check_shared_and_cyclic(report, tmp)
         check_numpy_complex(report, tmp)
         check_holdpoint_to_torch(report, tmp)
         check_refusals(report, tmp)

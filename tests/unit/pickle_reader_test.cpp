@@ -1422,32 +1422,105 @@ TEST(PickleReader, RejectsMemoMisuse) {
   EXPECT_NO_THROW(read(overwrite, limits));
 }
 
-TEST(PickleReader, RejectsSharedMutableContainers) {
-  PickleBuilder self_list;  // l = []; l.append(l): a cycle 1.13 loads as [[...]]
-  self_list.proto().empty_list().binput(0).binget(0).append().stop();
-  EXPECT_ERROR_CODE(read(self_list), ErrorCode::pickle_memo_mutable);
-  PickleBuilder shared_dict;
-  shared_dict.proto().empty_dict().binput(0).binget(0).tuple2().stop();
-  EXPECT_ERROR_CODE(read(shared_dict), ErrorCode::pickle_memo_mutable);
-  PickleBuilder shared_od;
-  shared_od.proto().ordered_dict().binput(0).binget(0).tuple2().stop();
-  EXPECT_ERROR_CODE(read(shared_od), ErrorCode::pickle_memo_mutable);
-  PickleBuilder tuple_with_list;  // aliasing through an immutable wrapper
-  tuple_with_list.proto().empty_list().tuple1().binput(0).binget(0).tuple2().stop();
-  EXPECT_ERROR_CODE(read(tuple_with_list), ErrorCode::pickle_memo_mutable);
+// Both items of a 2-tuple root are one node.
+void expect_shared_pair(const Value& root) {
+  ASSERT_TRUE(root.is_tuple());
+  ASSERT_EQ(root.as_list().size(), 2u);
+  EXPECT_NE(root.as_list()[0].node_identity(), nullptr);
+  EXPECT_EQ(root.as_list()[0].node_identity(), root.as_list()[1].node_identity());
 }
 
-TEST(PickleReader, RejectsSharedMutableContainersAfterTheyWereWrittenTo) {
+TEST(PickleReader, ReadsAContainerReferencedTwiceAsOneSharedNode) {
+  // As torch.save writes them: memoized when made, filled, fetched again later.
+  PickleBuilder shared_dict;
+  shared_dict.proto().empty_dict().binput(0).binget(0).tuple2().stop();
+  expect_shared_pair(read_value(shared_dict));
+  PickleBuilder shared_od;
+  shared_od.proto().ordered_dict().binput(0).binget(0).tuple2().stop();
+  expect_shared_pair(read_value(shared_od));
+  PickleBuilder tuple_with_list;  // through an immutable wrapper
+  tuple_with_list.proto().empty_list().tuple1().binput(0).binget(0).tuple2().stop();
+  expect_shared_pair(read_value(tuple_with_list));
   PickleBuilder dict;  // the memo slot was filled while the dict was still empty
   dict.proto().empty_dict().binput(0).str("k").integer(1).setitem().binget(0).tuple2().stop();
-  EXPECT_ERROR_CODE(read(dict), ErrorCode::pickle_memo_mutable);
+  const Value dicts = read_value(dict);
+  expect_shared_pair(dicts);
+  EXPECT_EQ(dicts.as_list()[1].as_dict().at("k").as_int(), 1) << "the fetch sees what was set before it";
   PickleBuilder list;
   list.proto().empty_list().binput(0).integer(1).append().binget(0).tuple2().stop();
-  EXPECT_ERROR_CODE(read(list), ErrorCode::pickle_memo_mutable);
+  expect_shared_pair(read_value(list));
   PickleBuilder built;
   built.proto().ordered_dict().binput(0).empty_dict().str("_metadata").empty_dict().setitem().build();
   built.binget(0).tuple2().stop();
-  EXPECT_ERROR_CODE(read(built), ErrorCode::pickle_memo_mutable);
+  const Value built_pair = read_value(built);
+  expect_shared_pair(built_pair);
+  EXPECT_TRUE(built_pair.as_list()[1].as_dict().metadata());
+  // {'a': l, 'b': l} with l still on the stack (not yet placed) when fetched.
+  PickleBuilder siblings;
+  siblings.proto().empty_dict().binput(0).mark().str("a").empty_list().binput(1).mark().integer(1).integer(2);
+  siblings.appends().str("b").binget(1).setitems().stop();
+  const Value root = read_value(siblings);
+  EXPECT_EQ(root.as_dict().at("a").node_identity(), root.as_dict().at("b").node_identity());
+  EXPECT_EQ(root.as_dict().at("b").as_list().size(), 2u);
+}
+
+TEST(PickleReader, RefusesCyclesWithTheirOwnCode) {
+  PickleBuilder self_list;  // l = []; l.append(l), as pickle writes it
+  self_list.proto().empty_list().binput(0).mark().binget(0).appends().stop();
+  EXPECT_ERROR_CODE(read(self_list), ErrorCode::pickle_cycle);
+  PickleBuilder self_dict;  // d = {}; d['me'] = d
+  self_dict.proto().empty_dict().binput(0).mark().str("me").binget(0).setitems().stop();
+  EXPECT_ERROR_CODE(read(self_dict), ErrorCode::pickle_cycle);
+  PickleBuilder through_child;  // a = []; b = [a]; a.append(b)
+  through_child.proto().empty_list().binput(0).empty_list().binput(1).binget(0).append().append().stop();
+  EXPECT_ERROR_CODE(read(through_child), ErrorCode::pickle_cycle);
+  PickleBuilder through_tuple;  // a = []; a.append((a,))
+  through_tuple.proto().empty_list().binput(0).binget(0).tuple1().append().stop();
+  EXPECT_ERROR_CODE(read(through_tuple), ErrorCode::pickle_cycle);
+  // Changing a container after the memo handed it out is refused alike,
+  // cycle or not: it is how a container comes to hold itself.
+  PickleBuilder changed;
+  changed.proto().empty_dict().binput(0).binget(0).str("k").integer(1).setitem().tuple2().stop();
+  EXPECT_ERROR_CODE(read(changed), ErrorCode::pickle_cycle);
+  PickleBuilder metadata_after;
+  metadata_after.proto().ordered_dict().binput(0).binget(0).empty_dict().str("_metadata").empty_dict().setitem();
+  metadata_after.build().tuple2().stop();
+  EXPECT_ERROR_CODE(read(metadata_after), ErrorCode::pickle_cycle);
+}
+
+TEST(PickleReader, ASharedContainerCountsItsWholeSizeAtEveryFetch) {
+  // A list of 1000 ints fetched 6 times: 6006 expanded nodes, past a bound of 5000.
+  const auto fetched = [](int times) {
+    PickleBuilder p;
+    p.proto().empty_list().binput(0).mark();
+    for (int i = 0; i < 1000; ++i) p.integer(i);
+    p.appends().mark();
+    for (int i = 0; i < times; ++i) p.binget(0);
+    p.tuple().tuple2().stop();
+    return p;
+  };
+  Limits limits;
+  limits.max_expanded_nodes = 5000;
+  EXPECT_NO_THROW(read(fetched(4), limits));
+  EXPECT_ERROR_CODE(read(fetched(6), limits), ErrorCode::pickle_expansion_limit);
+  // A list fetched while empty and filled afterwards would count as empty:
+  // the fill is refused instead.
+  PickleBuilder grown;
+  grown.proto().empty_list().binput(0).mark().binget(0).binget(0).binget(0).tuple();
+  grown.binget(0).mark().integer(1).integer(2).appends().tuple2().stop();
+  EXPECT_ERROR_CODE(read(grown), ErrorCode::pickle_cycle);
+  // A fetch nests as deep as the container is now, not as it was when
+  // memoized: [[[]]] memoized while empty, then fetched into one more list.
+  Limits shallow;
+  shallow.max_nesting_depth = 3;
+  const auto wrapped = [](bool wrap) {
+    PickleBuilder p;
+    p.proto().empty_list().binput(0).empty_list().empty_list().append().append();
+    if (wrap) p.empty_list().binget(0).append().tuple2();
+    return p.stop();
+  };
+  EXPECT_NO_THROW(read(wrapped(false), shallow));
+  EXPECT_ERROR_CODE(read(wrapped(true), shallow), ErrorCode::pickle_nesting_limit);
 }
 
 TEST(PickleReader, RejectsExponentialTupleDag) {
@@ -1875,9 +1948,11 @@ TEST(PickleReader, MemoRejectionsHoldAfterCompactions) {
     p.str("x").long_binget(index).setitems().stop();
     return p;
   };
-  // The list memoized before everything else (memo 5) is still refused as
-  // shared mutable state, however much was dropped in between.
-  EXPECT_ERROR_CODE(read(fetched_last(5)), ErrorCode::pickle_memo_mutable);
+  // The list memoized before everything else (memo 5) is shared, however
+  // much was dropped in between.
+  const PickleResult groups = read(fetched_last(5));
+  EXPECT_EQ(groups.root.as_dict().at("x").node_identity(), groups.root.as_dict().at("groups").node_identity());
+  EXPECT_EQ(groups.root.as_dict().at("x").as_list().size(), 1000u);
   EXPECT_ERROR_CODE(read(fetched_last(6 + 5 * 1000)), ErrorCode::pickle_memo_missing);  // one past the memo
   // The last group's tensor (memo 6 + 5 * 999 + 2) is there.
   const PickleResult last = read(fetched_last(6 + 5 * 999 + 2));

@@ -271,7 +271,8 @@ namespace holdpoint {
   X(selection_content_mismatch, "a candidate tensor's elements differ from the selection record's witness (values or SHA-256)") \
   X(selection_poison_ineffective, "poisoning a fresh module's tensor left it equal to the selected content, so a load that did nothing would go unnoticed") \
   X(selection_reload_mismatch, "after loading the staged envelope, the fresh module's tensors differ from the selection record: the load did not take effect") \
-  X(selection_output_mismatch, "the reloaded module's output on the probe input differs from the output recorded at selection")
+  X(selection_output_mismatch, "the reloaded module's output on the probe input differs from the output recorded at selection") \
+  X(pickle_cycle, "a list or dict is changed after the memo handed it out: only a container that holds itself (a cycle) is pickled so")
 
 enum class ErrorCode : std::uint16_t {
 #define HOLDPOINT_X(name, description) name,

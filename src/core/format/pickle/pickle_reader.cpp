@@ -182,7 +182,7 @@ struct Item {
   std::uint64_t nodes = 1;     // subtree size, shared references counted in full
   std::uint32_t depth = 0;     // containers nested in this item; 0 for scalars
   ItemKind kind = ItemKind::none;
-  bool holds_mutable = false;  // a list, dict or OrderedDict is reachable
+  bool holds_mutable = false;  // a record or NumPy array still awaiting its BUILD is reachable
   bool vm_only = false;        // a global, a storage or a tuple holding one: never a Value
   bool torch_size = false;     // a tuple of ints that torch.Size made: a ValueKind::size
 };
@@ -242,7 +242,6 @@ Item empty_container_item(ValueKind container) {
   item.kind = ItemKind::empty_container;
   item.container = container;
   item.depth = 1;
-  item.holds_mutable = true;
   return item;
 }
 
@@ -611,6 +610,41 @@ class Machine {
   std::size_t pop_mark();
   void count_elements(std::uint64_t n);
   void add_child(Item& parent, const Item& child) const;
+  // Shared containers (docs/format.md §5.6). A list or dict the memo hands
+  // out is frozen: changing it afterwards is pickle_cycle, since pickle
+  // writes a container whole before it refers to it again unless the
+  // container holds itself. That keeps every tree acyclic, and keeps the
+  // size a fetch counts (the container's size at the fetch) its final size.
+  struct ContainerState {
+    std::uint64_t nodes = 0;
+    std::uint32_t depth = 0;
+    bool fetched = false;
+  };
+  // A list or dict of values_ that is no record (records are never shared).
+  bool is_plain_container(const Item& item) const {
+    if (item.kind != ItemKind::value) return false;
+    const Value& value = values_[item.index];
+    return (value.is_list() || value.is_dict()) && !records_.contains(value.node_identity());
+  }
+  ContainerState& container_state(std::size_t index) {
+    if (index >= containers_.size()) containers_.resize(index + 1);
+    return containers_[index];
+  }
+  // Before `target` takes children: refused when the memo handed it out.
+  void check_not_shared(const Item& target) const {
+    if (target.kind == ItemKind::value && target.index < containers_.size() && containers_[target.index].fetched) {
+      error(ErrorCode::pickle_cycle, "a ", describe(target),
+            " is changed after the memo handed it out; pickle writes a container whole before it refers to it "
+            "again unless the container holds itself, and holdpoint refuses cycles");
+    }
+  }
+  // After `target` took children: its size, for a later fetch.
+  void note_size(const Item& target) {
+    if (target.kind != ItemKind::value) return;
+    ContainerState& state = container_state(target.index);
+    state.nodes = target.nodes;
+    state.depth = target.depth;
+  }
 
   // ---- opcodes ----
   void do_proto();
@@ -741,6 +775,7 @@ class Machine {
   std::vector<Tuple> tuples_;
   std::vector<Item> tuple_elements_;
   std::vector<Value> values_;
+  std::vector<ContainerState> containers_;  // by values_ index (ContainerState)
   std::vector<StorageRef> storage_refs_;
   // NumPy dtypes (BUILD sets the byte order of one, which every reference to
   // it sees, as in Python) and the ndarrays awaiting their BUILD.
@@ -1175,6 +1210,7 @@ void Machine::do_append(bool from_mark) {
   }
   count_elements(stack_.size() - first);
   if (first == stack_.size()) return;
+  check_not_shared(target);
   auto& items = make_mutable(target).mutable_list();
   bool dropped = false;
   for (std::size_t i = first; i < stack_.size(); ++i) {
@@ -1183,6 +1219,7 @@ void Machine::do_append(bool from_mark) {
     items.push_back(take_element(stack_[i], "a list element"));
   }
   if (dropped) sequences_with_dropped_tensors_.try_emplace(&items, values_[target.index]);
+  note_size(target);
   stack_.resize(first);
 }
 
@@ -1214,6 +1251,7 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
             " key; keys are str, int, None, bool, float, bytes or tuples of them");
     }
   }
+  check_not_shared(target);
   count_elements(1);
   add_child(target, key);
   add_child(target, value);
@@ -1232,6 +1270,7 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
                                                        : dict.find(key.integer)) != nullptr;
     if (present || !dropped_keys_.insert(dropped_key_fingerprint(dict, key, object_key))) duplicate();
     dicts_with_dropped_keys_.try_emplace(&dict, container);
+    note_size(target);
     return;
   }
   Value entry = take_element(value, "a dict value");
@@ -1243,6 +1282,7 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
     duplicate();
   }
   if (!dict.insert(dict_key(), std::move(entry))) duplicate();
+  note_size(target);
 }
 
 // (dict address, key): the dict is kept alive, so its address names it for
@@ -1305,6 +1345,12 @@ void Machine::memo_put(std::uint64_t index) {
     }
     ++memo_size_;
   }
+  // A container a fetch may share is made a Value now, so that the stack's
+  // item and the memo's are one object, as in Python.
+  if (stack_.back().kind == ItemKind::empty_container && (!keep_fetched_only_ || kept_slot(index))) {
+    make_mutable(stack_.back());
+    note_size(stack_.back());
+  }
   if (!keep_fetched_only_) {
     if (index < memo_.size()) {
       memo_[static_cast<std::size_t>(index)] = stack_.back();
@@ -1330,10 +1376,17 @@ void Machine::memo_get(std::uint64_t index) {
     }
     throw MemoNotKept{};
   }
-  const Item entry = *slot;
+  Item entry = *slot;
   if (entry.holds_mutable) {
-    error(ErrorCode::pickle_memo_mutable, "memo ", index, " is (or holds) a mutable ", describe(entry),
-          "; sharing it would allow cycles and aliasing");
+    error(ErrorCode::pickle_memo_mutable, "memo ", index, " is (or holds) ", describe(entry),
+          " still awaiting its BUILD; sharing it would allow cycles and aliasing");
+  }
+  if (is_plain_container(entry)) {
+    // Shared from now on, and frozen: its size now is its size for good.
+    ContainerState& state = container_state(entry.index);
+    state.fetched = true;
+    entry.nodes = std::max(entry.nodes, state.nodes);
+    entry.depth = std::max(entry.depth, state.depth);
   }
   expanded_nodes_ = saturating_add(expanded_nodes_, entry.nodes);
   if (expanded_nodes_ > limits_.max_expanded_nodes) {
@@ -1376,6 +1429,7 @@ void Machine::compact_arenas() {
   tuples_.resize(tuples);
   tuple_elements_.resize(elements);
   values_.erase(values_.begin() + static_cast<std::ptrdiff_t>(values), values_.end());
+  if (containers_.size() > values_.size()) containers_.resize(values_.size());
   compact_at_ = 2 * (texts + tuples + elements) + stack_.size() + kept_.size() + 8192;
 }
 
@@ -1687,7 +1741,8 @@ Item Machine::reduce_ordered_dict(const Item& args) {
   // shallower than the argument tuple and holds the same nodes.
   item.depth = std::max<std::uint32_t>(1, args.depth - 2);
   item.nodes = args.nodes;
-  item.holds_mutable = true;
+  item.holds_mutable = args.holds_mutable;
+  note_size(item);
   return item;
 }
 
@@ -1712,7 +1767,8 @@ Item Machine::reduce_counter(const Item& args) {
   // args = (counts,): the dict sits one level shallower and holds the same nodes.
   item.depth = std::max<std::uint32_t>(1, args.depth - 1);
   item.nodes = args.nodes;
-  item.holds_mutable = true;
+  item.holds_mutable = args.holds_mutable;
+  note_size(item);
   return item;
 }
 
@@ -2294,8 +2350,9 @@ void Machine::set_record_keyed_item(Item& target, const Item& key, const Item& v
     }
     if (!is_empty_dict(target)) {
       error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key),
-            " key in a dict that has str or int keys; a dict's keys are all str or int, or all records");
+            " key in a dict that has other keys; a dict's keys are all records or none is");
     }
+    check_not_shared(target);
     Value& container = make_mutable(target);
     container = Value::list();
     record_keyed_.insert(container.node_identity());
@@ -2303,11 +2360,13 @@ void Machine::set_record_keyed_item(Item& target, const Item& key, const Item& v
   if (key.kind != ItemKind::value || !records_.contains(values_[key.index].node_identity())) {
     error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key), " key in a dict keyed by records");
   }
+  check_not_shared(target);
   count_elements(1);
   add_child(target, key);
   add_child(target, value);
   Value pair = Value::tuple({take_value(key, "a dict key"), take_element(value, "a dict value")});
   make_mutable(target).mutable_list().push_back(std::move(pair));
+  note_size(target);
 }
 
 // torch.Size((n, ...)): the tuple of ints itself.
@@ -2463,10 +2522,12 @@ void Machine::do_build() {
     error(ErrorCode::pickle_build_forbidden, "the OrderedDict already has _metadata");
   }
   if (state.vm_only) error(ErrorCode::pickle_build_forbidden, "the state is a ", describe(state));
+  check_not_shared(target);
   const Value state_value = take_value(state, "the state");
   validate_metadata(state_value);
   add_child(target, state);
   make_mutable(target).mutable_dict().set_metadata(*state_value.as_dict().find(kMetadataKey));
+  note_size(target);
 }
 
 // ---- the tensor fast path ---------------------------------------------------------------

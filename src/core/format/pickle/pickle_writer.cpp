@@ -52,8 +52,11 @@ class Emitter {
     }
   }
 
-  // Tied tensors (one TensorData object at two places) are memoized; the scan
-  // also stops a cyclic tree at the nesting bound before emission starts.
+  // Tied tensors (one TensorData object at two places) and shared containers
+  // (one list, tuple, set or dict node at two places) are memoized, as
+  // Python's pickler does, so the file keeps the sharing and a shared subtree
+  // is written once. Each container is walked once; a cyclic tree stops at
+  // the nesting bound when it is emitted.
   void count_tensor_uses(const Value& value, std::uint32_t level) {
     switch (value.kind()) {
       case ValueKind::tensor: ++tensor_uses_[value.tensor_ptr().get()]; return;
@@ -61,14 +64,40 @@ class Emitter {
       case ValueKind::tuple:
       case ValueKind::set:
         check_level(level + 1);
+        if (++container_uses_[value.node_identity()] > 1) return;
         for (const Value& item : value.as_list()) count_tensor_uses(item, level + 1);
         return;
       case ValueKind::dict:
       case ValueKind::ordered_dict:
         check_level(level + 1);
+        if (++container_uses_[value.node_identity()] > 1) return;
         for (const auto& entry : value.as_dict()) count_tensor_uses(entry.second, level + 1);
         return;
       default: return;
+    }
+  }
+
+  // Emits a list, tuple, set or dict, or fetches it if it was emitted before.
+  void emit_container(const Value& value, std::uint32_t level) {
+    const void* identity = value.node_identity();
+    if (const auto found = container_memo_.find(identity); found != container_memo_.end()) {
+      emit_memo_get(found->second);
+      return;
+    }
+    switch (value.kind()) {
+      case ValueKind::list: emit_sequence(value.as_list(), true, level); break;
+      case ValueKind::tuple: emit_sequence(value.as_list(), false, level); break;
+      case ValueKind::set: emit_set(value.as_list(), level); break;
+      case ValueKind::dict: emit_dict(value.as_dict(), false, level); break;
+      default: emit_dict(value.as_dict(), true, level); break;
+    }
+    // Memoized once whole: readers (holdpoint's among them) freeze a
+    // container the memo hands out.
+    const auto uses = container_uses_.find(identity);
+    if (uses != container_uses_.end() && uses->second > 1) {
+      const std::uint32_t index = memo_count_++;
+      container_memo_.emplace(identity, index);
+      emit_memo_put(index);
     }
   }
 
@@ -562,13 +591,13 @@ class Emitter {
       case ValueKind::floating: emit_float(value.as_double()); return;
       case ValueKind::string: emit_str(value.as_string()); return;
       case ValueKind::bytes: emit_bytes(value.as_bytes()); return;
-      case ValueKind::list: emit_sequence(value.as_list(), true, level); return;
-      case ValueKind::tuple: emit_sequence(value.as_list(), false, level); return;
-      case ValueKind::dict: emit_dict(value.as_dict(), false, level); return;
-      case ValueKind::ordered_dict: emit_dict(value.as_dict(), true, level); return;
+      case ValueKind::list:
+      case ValueKind::tuple:
+      case ValueKind::dict:
+      case ValueKind::ordered_dict:
+      case ValueKind::set: emit_container(value, level); return;
       case ValueKind::tensor: emit_tensor(value.tensor_ptr(), true); return;
       case ValueKind::complex_number: emit_complex(value.as_complex()); return;
-      case ValueKind::set: emit_set(value.as_list(), level); return;
       case ValueKind::bytearray: emit_bytearray(value.as_bytes()); return;
       case ValueKind::device: emit_device(value.as_device()); return;
       case ValueKind::dtype: emit_dtype(value.as_dtype()); return;
@@ -587,6 +616,8 @@ class Emitter {
   std::vector<std::byte> out_;
   std::unordered_map<const TensorData*, std::uint32_t> tensor_uses_;
   std::unordered_map<const TensorData*, std::uint32_t> tensor_memo_;
+  std::unordered_map<const void*, std::uint32_t> container_uses_;
+  std::unordered_map<const void*, std::uint32_t> container_memo_;
   std::unordered_map<std::string, std::uint32_t> constant_memo_;  // emit_constant
   std::uint32_t memo_count_ = 0;
   std::unordered_map<const void*, StorageKey> storage_keys_;
