@@ -8,10 +8,12 @@
 //
 // Sharing: containers, strings and tensors are held by shared pointer, so
 // copying a Value is cheap and copies share their contents, like Python
-// references. Readers never hand out a mutable container twice (the pickle VM
-// rejects shared mutable containers), so trees from files are acyclic. Trees
-// built by callers must be acyclic too; writers reject nesting deeper than
-// Limits::max_nesting_depth.
+// references. A container a file references twice is one shared node, as
+// Python builds it; the pickle VM refuses cycles (pickle_cycle) and counts
+// shared nodes in full against Limits::max_expanded_nodes, so trees from files
+// are acyclic and bounded however they are walked. Trees built by callers must
+// be acyclic too; writers memoize a shared container and reject nesting
+// deeper than Limits::max_nesting_depth.
 //
 // Tensors: TensorData describes a strided view (dtype, sizes, strides, offset)
 // into a Storage, an untyped byte range kept alive by an owner. Tensors read
