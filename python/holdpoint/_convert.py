@@ -76,7 +76,8 @@ class TensorFactory:
             return _numpy_array(buffer, dtype, shape, stride, offset)
         torch_dtype = self.dtypes.get(dtype) or self._torch_dtype(dtype)
         if buffer is None or len(buffer) == 0:
-            tensor = torch.empty(shape, dtype=torch_dtype)
+            # An empty storage: the view keeps its strides and offset, as torch.load's does.
+            tensor = torch.empty(0, dtype=torch_dtype).as_strided(shape, stride, offset)
         else:
             key = (id(buffer), dtype)
             base = self.bases.get(key)

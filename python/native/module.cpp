@@ -261,19 +261,24 @@ class ToPython {
   explicit ToPython(py::object make_tensor, const std::unordered_map<const void*, std::size_t>* absent = nullptr)
       : make_tensor_(std::move(make_tensor)), absent_(absent) {}
 
-  // A container the file shares (one object referenced twice, docs/format.md
-  // §5.6) becomes one Python object referenced twice, as torch.load gives it.
+  // A container, tensor or bytearray the file shares (one object referenced
+  // twice, docs/format.md §5.6) becomes one Python object referenced twice, as
+  // torch.load gives it.
   py::object convert(const Value& value) {
     switch (value.kind()) {
       case ValueKind::list:
       case ValueKind::tuple:
       case ValueKind::dict:
       case ValueKind::ordered_dict:
-      case ValueKind::set: {
+      case ValueKind::set:
+      case ValueKind::tensor:
+      case ValueKind::bytearray: {
         const void* identity = value.node_identity();
-        if (const auto found = containers_.find(identity); found != containers_.end()) return found->second;
-        py::object object = container(value);
-        containers_.emplace(identity, object);
+        if (const auto found = shared_.find(identity); found != shared_.end()) return found->second;
+        py::object object = value.kind() == ValueKind::tensor      ? tensor(value.as_tensor())
+                            : value.kind() == ValueKind::bytearray ? scalar(value)
+                                                                   : container(value);
+        shared_.emplace(identity, object);
         return object;
       }
       default: return scalar(value);
@@ -398,7 +403,7 @@ class ToPython {
   py::object make_tensor_;
   const std::unordered_map<const void*, std::size_t>* absent_;
   std::unordered_map<const void*, py::object> buffers_;
-  std::unordered_map<const void*, py::object> containers_;  // by Value::node_identity()
+  std::unordered_map<const void*, py::object> shared_;  // by Value::node_identity()
 };
 
 py::dict mapping_info(const LoadedMapping& mapping) {
@@ -428,13 +433,14 @@ class FromPython {
     ordered_dict_ = py::module_::import("collections").attr("OrderedDict");
   }
 
-  // A list, tuple, set or dict met twice becomes one shared Value, which the
-  // writer memoizes, so the file keeps the sharing as torch.save's does. A
-  // container that holds itself is refused: no reader of holdpoint's takes
-  // a cycle (docs/format.md §5.6).
+  // A container, bytearray or tensor met twice becomes one shared Value, which
+  // the writer memoizes, so the file keeps the sharing as torch.save's does
+  // (immutable scalars need no identity). A container that holds itself is
+  // refused: no reader of holdpoint's takes a cycle (docs/format.md §5.6).
   Value convert(const py::handle& object, int depth = 0) {
     PyObject* raw = object.ptr();
-    if (!(PyDict_Check(raw) || PyList_Check(raw) || PyTuple_Check(raw) || PySet_Check(raw))) {
+    if (raw == Py_None || PyBool_Check(raw) || PyLong_CheckExact(raw) || PyFloat_CheckExact(raw) ||
+        PyUnicode_CheckExact(raw) || PyBytes_CheckExact(raw) || PyComplex_CheckExact(raw)) {
       return convert_one(object, depth);
     }
     if (const auto found = converted_.find(raw); found != converted_.end()) return found->second;

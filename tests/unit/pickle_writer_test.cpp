@@ -370,6 +370,39 @@ TEST(PickleWriter, CompatibilityModeWritesFloatsAndBytesAsTensors) {
   EXPECT_EQ(blob.contiguous_bytes(), holdpoint::testing::bytes_of(std::string_view("\x00\xff", 2)));
 }
 
+TEST(PickleWriter, CompatibilityModeRefusesFloatAndBytesKeys) {
+  // The mode writes a float or bytes as a tensor, and a tensor cannot be a key.
+  PickleWriteOptions compat;
+  compat.torch_1_13_compatible = true;
+  const Value keys[] = {Value::floating(0.5), Value::bytes("k"),
+                        Value::tuple({Value::string("a"), Value::floating(2.5)})};
+  for (const Value& key : keys) {
+    SCOPED_TRACE(std::string(value_kind_name(key.kind())));
+    Dict dict;
+    dict.insert(DictKey(key), Value::integer(1));
+    EXPECT_ERROR_CODE(write_pickle(Value::dict(dict), compat), ErrorCode::write_value_unsupported);
+    const PickleResult back = read_back(write_pickle(Value::dict(dict)));  // the default mode writes them
+    EXPECT_EQ(back.root.as_dict().size(), 1u);
+  }
+  // Keys the mode can write as themselves, and float values beside them.
+  Dict fine;
+  fine.insert(DictKey(Value::tuple({Value::string("a"), Value::integer(2)})), Value::floating(0.5));
+  fine.insert(DictKey(Value::none()), Value::bytes("v"));
+  EXPECT_EQ(read_back(write_pickle(Value::dict(fine), compat)).root.as_dict().size(), 2u);
+}
+
+TEST(PickleWriter, SharedBytearraysAndTensorsAreWrittenOnce) {
+  const Value shared = Value::bytearray("ab");
+  const Value tensor = Value::tensor(float_tensor({2}));
+  const PickleWriteResult written = write_pickle(Value::list({shared, shared, tensor, tensor}));
+  EXPECT_EQ(count_opcode(written.pickle, op::BINGET), 2u);
+  const PickleResult back = read_back(written);
+  const Value::List& items = back.root.as_list();
+  EXPECT_EQ(items[0].node_identity(), items[1].node_identity());
+  EXPECT_EQ(items[2].node_identity(), items[3].node_identity());
+  EXPECT_EQ(items[0].as_bytes(), "ab");
+}
+
 TEST(PickleWriter, CompatibilityModeRefusesDtypesTorch113Lacks) {
   PickleWriteOptions compat;
   compat.torch_1_13_compatible = true;

@@ -60,6 +60,7 @@ class Emitter {
   void count_tensor_uses(const Value& value, std::uint32_t level) {
     switch (value.kind()) {
       case ValueKind::tensor: ++tensor_uses_[value.tensor_ptr().get()]; return;
+      case ValueKind::bytearray: ++container_uses_[value.node_identity()]; return;
       case ValueKind::list:
       case ValueKind::tuple:
       case ValueKind::set:
@@ -77,7 +78,8 @@ class Emitter {
     }
   }
 
-  // Emits a list, tuple, set or dict, or fetches it if it was emitted before.
+  // Emits a list, tuple, set, dict or bytearray, or fetches it if it was
+  // emitted before.
   void emit_container(const Value& value, std::uint32_t level) {
     const void* identity = value.node_identity();
     if (const auto found = container_memo_.find(identity); found != container_memo_.end()) {
@@ -89,6 +91,7 @@ class Emitter {
       case ValueKind::tuple: emit_sequence(value.as_list(), false, level); break;
       case ValueKind::set: emit_set(value.as_list(), level); break;
       case ValueKind::dict: emit_dict(value.as_dict(), false, level); break;
+      case ValueKind::bytearray: emit_bytearray(value.as_bytes()); break;
       default: emit_dict(value.as_dict(), true, level); break;
     }
     // Memoized once whole: readers (holdpoint's among them) freeze a
@@ -213,6 +216,7 @@ class Emitter {
 
   void emit_float(double value) {
     if (options_.torch_1_13_compatible) {
+      refuse_synthesized_key("a float");
       // torch 1.13's weights_only unpickler has no BINFLOAT: a 0-d float64 tensor
       // (Value::as_number reads it back as the number).
       std::byte bytes[sizeof value];
@@ -229,6 +233,7 @@ class Emitter {
 
   void emit_bytes(std::string_view bytes) {
     if (options_.torch_1_13_compatible) {
+      refuse_synthesized_key("bytes");
       // 1.13 does not allowlist _codecs.encode: a 1-d uint8 tensor instead.
       const auto* p = reinterpret_cast<const std::byte*>(bytes.data());
       synthesizing_ = true;
@@ -370,7 +375,18 @@ class Emitter {
     } else if (key.is_integer()) {
       emit_int(key.as_int());
     } else {
-      emit(key.value(), level);  // None, bool, float, bytes or a tuple of them
+      // None, bool, float, bytes or a tuple of them. The 1.13 mode writes a float
+      // or bytes as a tensor, which no reader takes as a key: refused here.
+      ++in_key_;
+      emit(key.value(), level);
+      --in_key_;
+    }
+  }
+
+  void refuse_synthesized_key(std::string_view what) const {
+    if (in_key_ > 0) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: a dict key holds ", what,
+           ", which the torch-1.13-compatible mode writes as a tensor; a tensor cannot be a key");
     }
   }
 
@@ -598,7 +614,7 @@ class Emitter {
       case ValueKind::set: emit_container(value, level); return;
       case ValueKind::tensor: emit_tensor(value.tensor_ptr(), true); return;
       case ValueKind::complex_number: emit_complex(value.as_complex()); return;
-      case ValueKind::bytearray: emit_bytearray(value.as_bytes()); return;
+      case ValueKind::bytearray: emit_container(value, level); return;
       case ValueKind::device: emit_device(value.as_device()); return;
       case ValueKind::dtype: emit_dtype(value.as_dtype()); return;
       case ValueKind::size: emit_size(value.as_list()); return;
@@ -624,6 +640,7 @@ class Emitter {
   std::vector<PickledStorage> storages_;
   static constexpr std::uint64_t kSynthesizedKeyBase = 1'000'000'000'000;
   bool synthesizing_ = false;
+  std::uint32_t in_key_ = 0;  // > 0 while a dict key is written
   std::uint64_t real_count_ = 0;
   std::uint64_t synthesized_count_ = 0;
   std::uint64_t tensor_count_ = 0;
