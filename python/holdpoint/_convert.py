@@ -45,6 +45,9 @@ def _numpy_array(buffer, dtype: str, shape, stride, offset):
     np_dtype = _numpy_dtype(np, dtype)
     itemsize = np_dtype.itemsize
     if buffer is None or len(buffer) == 0:
+        if buffer is not None and 0 in shape:
+            # Empty: the strides it was pickled with, as NumPy's own unpickling keeps them.
+            return np.ndarray(shape, dtype=np_dtype, buffer=bytearray(), strides=tuple(s * itemsize for s in stride))
         return np.zeros(shape, dtype=np_dtype)
     return np.ndarray(shape, dtype=np_dtype, buffer=buffer, offset=offset * itemsize,
                       strides=tuple(s * itemsize for s in stride))

@@ -5,7 +5,7 @@ nested dicts, OrderedDicts (some with _metadata), lists and tuples; keys of ever
 hashable kind (str, int, float, bool, None, bytes, tuples of them); leaves of every
 value kind (ints across and beyond int64, floats with NaN, infinities and -0.0,
 complex, str, bytes, bytearray, sets, torch.dtype, torch.Size, torch.device,
-torch.layout); tensors of every dtype torch.save writes, as views with offsets,
+torch.layout); NumPy arrays (beyond torch's safe loader); tensors of every dtype torch.save writes, as views with offsets,
 transposed and strided, 0-d and empty, sharing storages, as nn.Parameters and with
 requires_grad; and the same container or tensor referenced from several places.
 
@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 
 import harness
@@ -65,6 +66,7 @@ DTYPES_1_13 = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torc
 LAYOUTS = [torch.strided, torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc]
 DEVICES = [torch.device("cpu"), torch.device("cuda"), torch.device("cuda", 3), torch.device("meta")]
 SPECIAL_FLOATS = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-310, 1.5, -2.25e300]
+NUMPY_DTYPES = ["?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16"]
 TEXTS = ["", "a", "lr", "state", "ß∂ƒ", "emoji 🎉", "with\nnewline", "x" * 40]
 
 
@@ -76,7 +78,9 @@ class Generator:
         self.torch_rng = torch.Generator().manual_seed(seed)
         self.containers = []  # mutable containers made so far: candidates to reference again
         self.tensors = []     # tensors made so far: candidates to reference again or to view
+        self.arrays = []      # NumPy arrays made so far
         self.v1_13 = True     # whether torch 1.13 could read the tree
+        self.numpy = False    # whether the tree holds NumPy arrays
 
     # ---- leaves ----
     def integer(self):
@@ -168,7 +172,30 @@ class Generator:
             return r.choice(DEVICES)
         if kind == 12:
             return r.choice(LAYOUTS)
+        if kind == 13 and r.random() < 0.3:
+            return self.numpy_array()
         return self.tensor()
+
+    def numpy_array(self):
+        # Beyond torch's safe loader (which refuses NumPy globals unless allowed):
+        # holdpoint reads plain-number arrays as NumPy arrays. holdpoint.save writes
+        # them as tensors (docs/format.md §5.4.1), so the tree is checked one way.
+        r = self.rng
+        self.numpy = True
+        if self.arrays and r.random() < 0.3:
+            return r.choice(self.arrays)
+        dtype = np.dtype(r.choice(NUMPY_DTYPES))
+        if r.random() < 0.2 and dtype.itemsize > 1:
+            dtype = dtype.newbyteorder(">")
+        shape = tuple(r.randrange(4) for _ in range(r.randrange(4)))
+        data = bytes(r.getrandbits(8) for _ in range(math.prod(shape) * dtype.itemsize))
+        array = np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+        if dtype.kind == "b":
+            array = array.astype(bool)
+        if r.random() < 0.3 and array.ndim >= 2:
+            array = np.asfortranarray(array)
+        self.arrays.append(array)
+        return array
 
     # ---- tensors ----
     def tensor(self):
@@ -258,7 +285,7 @@ class Mismatch(Exception):
 class Comparer:
     """got against want, recursively; aliasing checked both ways."""
 
-    MUTABLE = (list, dict, collections.OrderedDict, set, bytearray)
+    MUTABLE = (list, dict, collections.OrderedDict, set, bytearray, np.ndarray)
 
     def __init__(self):
         self.got_to_want = {}
@@ -293,6 +320,14 @@ class Comparer:
                 self.dict(got, want, where)
             elif isinstance(want, list):
                 self.sequence(got, want, where)
+            elif isinstance(want, np.ndarray):
+                for what in ("dtype", "shape", "strides"):
+                    if getattr(got, what) != getattr(want, what):
+                        self.fail(where, f"array {what} {getattr(got, what)}, want {getattr(want, what)}")
+                if got.dtype.str != want.dtype.str or got.tobytes() != want.tobytes():
+                    self.fail(where, f"array {got!r} ({got.dtype.str}), want {want!r} ({want.dtype.str})")
+                if got.flags.writeable != want.flags.writeable:
+                    self.fail(where, f"array writeable {got.flags.writeable}, want {want.flags.writeable}")
             elif isinstance(want, set):
                 if self.set_key(got) != self.set_key(want):
                     self.fail(where, f"set {got!r}, want {want!r}")
@@ -370,7 +405,8 @@ def check_trees(report, tmp):
         torch.save(tree, path)
         want = torch.load(path, weights_only=False)
         try:
-            strict_compare(want, tree)
+            if not gen.numpy:  # NumPy's own unpickling gives native byte order and its own empty strides
+                strict_compare(want, tree)
         except Mismatch as error:  # the generator made something torch itself does not round-trip
             report.check(False, f"seed {seed}: torch's own round trip differs ({error}): fix the generator")
             continue
@@ -383,7 +419,7 @@ def check_trees(report, tmp):
             report.check(False, f"seed {seed}: holdpoint.load of torch.save differs from torch.load: {error}")
             continue
         # holdpoint writes, torch reads: the same tree back, aliasing included.
-        for compat in (False, True) if gen.v1_13 else (False,):
+        for compat in () if gen.numpy else (False, True) if gen.v1_13 else (False,):
             try:
                 holdpoint.save(mine, tree, torch_1_13_compatible=compat)
                 back = torch.load(mine, weights_only=False)

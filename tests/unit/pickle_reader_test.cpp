@@ -800,6 +800,32 @@ TEST(PickleReaderNumpy, ASharedDtypeSeesItsBuild) {
   EXPECT_EQ(root.as_list()[1].as_int(), 6);
 }
 
+TEST(PickleReaderNumpy, AnArrayMemoizedBeforeItsBuildIsSharedAfterIt) {
+  // pickle's BINPUT follows _reconstruct, before BUILD fills the array; a later
+  // BINGET is the built array, one node referenced twice (as [a, a] pickles).
+  PickleBuilder p;
+  p.proto(3).mark();
+  reconstruct(p);
+  p.binput(0).mark().integer(1).int_tuple({2});
+  numpy_dtype(p, "u1", "|");
+  p.boolean(false);
+  binbytes(p, "\x07\x09");
+  p.tuple().build().binget(0).tuple().stop();
+  const Value root = read_value(p);
+  const Value::List& items = root.as_list();
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[0].node_identity(), items[1].node_identity());
+  EXPECT_EQ(items[1].as_tensor().contiguous_bytes(), holdpoint::testing::bytes_of(std::string_view("\x07\x09")));
+  // Fetched inside its own state, before the BUILD: still refused.
+  PickleBuilder early;
+  early.proto(3);
+  reconstruct(early);
+  early.binput(0).mark().integer(1).int_tuple({1});
+  numpy_dtype(early, "u1", "|");
+  early.boolean(false).binget(0).tuple().build().stop();
+  EXPECT_ERROR_CODE(read_value(early), ErrorCode::pickle_memo_mutable);
+}
+
 TEST(PickleReaderNumpy, ReadsARealTrainerRngState) {
   // rng_state.pth of a Hugging Face Trainer: {'python': random.getstate(),
   // 'numpy': np.random.get_state(), 'cpu': torch.get_rng_state()}.

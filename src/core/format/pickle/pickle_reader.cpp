@@ -786,6 +786,8 @@ class Machine {
   };
   std::vector<NumpyDType> numpy_dtypes_;
   std::vector<bool> numpy_arrays_built_;
+  // (array, memo index) of each NumPy array memoized before its BUILD.
+  std::vector<std::pair<std::size_t, std::uint64_t>> unbuilt_arrays_in_memo_;
   // Storages by key, as position in storage_refs_ + 1 (0: none). Zip archives
   // number storages 0, 1, 2, ... in order, so a canonical key below twice the
   // storages seen (plus 1024) goes in storages_by_number_, found without
@@ -1351,6 +1353,7 @@ void Machine::memo_put(std::uint64_t index) {
     make_mutable(stack_.back());
     note_size(stack_.back());
   }
+  if (stack_.back().kind == ItemKind::numpy_array) unbuilt_arrays_in_memo_.emplace_back(stack_.back().index, index);
   if (!keep_fetched_only_) {
     if (index < memo_.size()) {
       memo_[static_cast<std::size_t>(index)] = stack_.back();
@@ -2507,7 +2510,19 @@ void Machine::do_build() {
     return;
   }
   if (target.kind == ItemKind::numpy_array) {
+    const std::size_t array = target.index;
     target = build_numpy_array(state);
+    // pickle memoizes the array before its BUILD and BUILD fills that same
+    // object, so the memo's entry is the built array from now on (a fetch
+    // shares it, as torch.load does).
+    std::erase_if(unbuilt_arrays_in_memo_, [&](const std::pair<std::size_t, std::uint64_t>& entry) {
+      if (entry.first != array) return false;
+      Item* slot = keep_fetched_only_ ? kept_slot(entry.second)
+                   : entry.second < memo_.size() ? &memo_[static_cast<std::size_t>(entry.second)]
+                                                 : nullptr;
+      if (slot && slot->kind == ItemKind::numpy_array && slot->index == array) *slot = target;
+      return true;
+    });
     return;
   }
   if (Record* record = record_of(target)) {
