@@ -72,11 +72,18 @@ class TensorFactory:
         self.dtypes[name] = dtype
         return dtype
 
-    def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):
+    def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy,
+                 conj=False, neg=False):
         torch = self.torch
         if torch is None or from_numpy:
             # What NumPy pickled comes back as NumPy, as the framework's own load gives it.
-            return _numpy_array(buffer, dtype, shape, stride, offset)
+            array = _numpy_array(buffer, dtype, shape, stride, offset)
+            # NumPy has no lazy views: a conjugate or negative view is resolved into a copy.
+            if conj:
+                array = array.conj()
+            if neg:
+                array = -array
+            return array
         torch_dtype = self.dtypes.get(dtype) or self._torch_dtype(dtype)
         if buffer is None or len(buffer) == 0:
             # An empty storage: the view keeps its strides and offset, as torch.load's does.
@@ -90,9 +97,16 @@ class TensorFactory:
                 # The commonest case, a 1-d tensor over its whole storage, is the
                 # storage's tensor itself: no view, as torch.load gives it.
                 if (offset == 0 and len(shape) == 1 and shape[0] == base.shape[0] and stride == (1,)
-                        and not requires_grad and not is_parameter):
+                        and not requires_grad and not is_parameter and not conj and not neg):
                     return base
             tensor = base.as_strided(shape, stride, offset)
+        if conj or neg:
+            # The same lazy view torch.load's set_tensor_metadata makes, over the same storage.
+            tensor = tensor.as_strided(shape, stride, offset)  # never the shared base itself
+            if conj:
+                tensor = tensor.conj()
+            if neg:
+                tensor = tensor._neg_view()
         if is_parameter:
             return torch.nn.Parameter(tensor, requires_grad=requires_grad)
         if requires_grad:
@@ -100,9 +114,14 @@ class TensorFactory:
         return tensor
 
 
-def describe_tensor(buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):
+def describe_tensor(buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy,
+                    conj=False, neg=False):
     """What inspect shows of a tensor: no bytes are read."""
     out = {"dtype": dtype, "shape": list(shape), "stride": list(stride), "offset": offset}
+    if conj:
+        out["conj"] = True
+    if neg:
+        out["neg"] = True
     if requires_grad:
         out["requires_grad"] = True
     if is_parameter:
@@ -140,8 +159,8 @@ def _torch_parts(torch, t):
         raise Error(f"save: a {t.layout} tensor; only dense (strided) tensors are written", "write_value_unsupported")
     if t.device.type != "cpu":
         t = t.detach().cpu()
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
+    # A lazy conj/neg view is written as itself: its storage and its bits, as torch.save does.
+    conj, neg = bool(t.is_conj()), bool(t.is_neg())
     is_parameter = isinstance(t, torch.nn.Parameter)
     requires_grad = bool(t.requires_grad)
     t = t.detach()
@@ -151,7 +170,7 @@ def _torch_parts(torch, t):
     buffer = whole.numpy() if storage.nbytes() else bytearray()
     name = str(t.dtype).removeprefix("torch.")
     return (buffer, name, tuple(t.shape), tuple(t.stride()), t.storage_offset(), requires_grad, is_parameter,
-            storage.data_ptr() or id(storage))
+            storage.data_ptr() or id(storage), conj, neg)
 
 
 def _numpy_parts(np, a):

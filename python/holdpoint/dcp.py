@@ -286,6 +286,9 @@ def _item_data(item, data):
     tensor = data.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
+    # Raw bytes carry no lazy conj/neg bit: the elements themselves are written.
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()
     # Only the item's own elements are written, not a larger storage it views.
     whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
     if not (tensor.is_contiguous() and tensor.storage_offset() == 0 and whole):

@@ -397,7 +397,7 @@ class ToPython {
       stride[d] = py::int_(t.strides[d]);
     }
     return make_tensor_(buffer, py::str(std::string(dtype_name(t.dtype))), shape, stride, t.storage_offset,
-                        t.requires_grad, t.is_parameter, t.from_numpy);
+                        t.requires_grad, t.is_parameter, t.from_numpy, t.conjugate, t.negative);
   }
 
   py::object make_tensor_;
@@ -550,7 +550,7 @@ class FromPython {
   }
 
  private:
-  // (buffer, dtype name, shape, stride, offset, requires_grad, is_parameter, identity)
+  // (buffer, dtype name, shape, stride, offset, requires_grad, is_parameter, identity[, conj, neg])
   Value tensor(const py::tuple& parts) {
     py::buffer buffer = parts[0];
     py::buffer_info info = buffer.request();
@@ -567,6 +567,10 @@ class FromPython {
     t.storage_offset = parts[4].cast<std::int64_t>();
     t.requires_grad = parts[5].cast<bool>();
     t.is_parameter = parts[6].cast<bool>();
+    if (parts.size() >= 10) {  // a torch tensor's lazy conj/neg bits
+      t.conjugate = parts[8].cast<bool>();
+      t.negative = parts[9].cast<bool>();
+    }
     // Storages the writer sees twice under one identity must be one object.
     // Memory reached two ways (a NumPy array over part of a torch tensor's
     // storage) is written twice rather than under a wrong size.

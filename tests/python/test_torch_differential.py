@@ -6,8 +6,8 @@ hashable kind (str, int, float, bool, None, bytes, tuples of them); leaves of ev
 value kind (ints across and beyond int64, floats with NaN, infinities and -0.0,
 complex, str, bytes, bytearray, sets, torch.dtype, torch.Size, torch.device,
 torch.layout); NumPy arrays (beyond torch's safe loader); tensors of every dtype torch.save writes, as views with offsets,
-transposed and strided, 0-d and empty, sharing storages, as nn.Parameters and with
-requires_grad; and the same container or tensor referenced from several places.
+transposed and strided, 0-d and empty, sharing storages, conjugate and negative views,
+as nn.Parameters and with requires_grad; and the same container or tensor referenced from several places.
 
 For each tree, both directions are compared strictly:
 - torch.save, then holdpoint.load against torch.load(weights_only=False);
@@ -63,6 +63,8 @@ for _name in ("float8_e8m0fnu", "float4_e2m1fn_x2", "bits1x8", "bits2x4", "bits4
 # for these only).
 DTYPES_1_13 = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
                torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}
+LAZY_VIEW_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                    torch.int8, torch.complex64, torch.complex128}
 LAYOUTS = [torch.strided, torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc]
 DEVICES = [torch.device("cpu"), torch.device("cuda"), torch.device("cuda", 3), torch.device("meta")]
 SPECIAL_FLOATS = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-310, 1.5, -2.25e300]
@@ -225,6 +227,15 @@ class Generator:
             tensor = tensor.transpose(0, tensor.dim() - 1)
         if r.random() < 0.2 and tensor.dim() >= 1 and tensor.shape[0] > 1:
             tensor = tensor[::2]
+        if dtype in LAZY_VIEW_DTYPES and r.random() < 0.15:
+            # torch's lazy views: torch.save keeps their conj/neg bits (not in torch 1.13).
+            self.v1_13 = False
+            if dtype.is_complex and r.random() < 0.7:
+                tensor = tensor.conj()
+            if not tensor.is_conj() or r.random() < 0.5:
+                tensor = tensor._neg_view()
+            self.tensors.append(tensor)
+            return tensor
         if dtype.is_floating_point or dtype.is_complex:
             choice = r.random()
             if choice < 0.15:

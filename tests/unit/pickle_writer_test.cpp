@@ -403,6 +403,32 @@ TEST(PickleWriter, SharedBytearraysAndTensorsAreWrittenOnce) {
   EXPECT_EQ(items[0].as_bytes(), "ab");
 }
 
+TEST(PickleWriter, RoundTripsConjugateAndNegativeViewBits) {
+  const std::vector<std::byte> bytes(16);
+  TensorData conjugate = TensorData::from_bytes(DType::complex64, {2}, bytes);
+  conjugate.conjugate = true;
+  TensorData negative = TensorData::from_bytes(DType::float32, {4}, bytes);
+  negative.negative = true;
+  TensorData both = TensorData::from_bytes(DType::complex128, {1}, bytes);
+  both.conjugate = both.negative = true;
+  const PickleResult back = read_back(write_pickle(Value::list({Value::tensor(conjugate), Value::tensor(negative),
+                                                                Value::tensor(both), Value::tensor(float_tensor({1}))})));
+  const Value::List& items = back.root.as_list();
+  EXPECT_TRUE(items[0].as_tensor().conjugate);
+  EXPECT_FALSE(items[0].as_tensor().negative);
+  EXPECT_TRUE(items[1].as_tensor().negative);
+  EXPECT_FALSE(items[1].as_tensor().conjugate);
+  EXPECT_TRUE(items[2].as_tensor().conjugate && items[2].as_tensor().negative);
+  EXPECT_FALSE(items[3].as_tensor().conjugate || items[3].as_tensor().negative);
+  // torch 1.13's _rebuild_tensor_v2 takes no metadata; a float has no conjugate.
+  PickleWriteOptions compat;
+  compat.torch_1_13_compatible = true;
+  EXPECT_ERROR_CODE(write_pickle(Value::tensor(negative), compat), ErrorCode::write_value_unsupported);
+  TensorData real_conjugate = TensorData::from_bytes(DType::float32, {4}, bytes);
+  real_conjugate.conjugate = true;
+  EXPECT_ERROR_CODE(write_pickle(Value::tensor(real_conjugate)), ErrorCode::tensor_metadata_unsupported);
+}
+
 TEST(PickleWriter, CompatibilityModeRefusesDtypesTorch113Lacks) {
   PickleWriteOptions compat;
   compat.torch_1_13_compatible = true;

@@ -81,6 +81,8 @@ void print_tree(std::ostream& out, const Value& value, const std::string& label,
     if (!t.is_contiguous()) out << " (strided view)";
     if (t.requires_grad) out << " requires_grad";
     if (t.is_parameter) out << " Parameter";
+    if (t.conjugate) out << " conj";
+    if (t.negative) out << " neg";
     if (t.from_numpy) out << " (NumPy array)";
     out << '\n';
     return;

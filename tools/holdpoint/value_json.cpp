@@ -101,6 +101,8 @@ class Encoder {
     out["requires_grad"] = tensor.requires_grad;
     out["parameter"] = tensor.is_parameter;
     if (tensor.from_numpy) out["numpy"] = true;
+    if (tensor.conjugate) out["conj"] = true;
+    if (tensor.negative) out["neg"] = true;
     const void* identity = tensor.storage->identity();
     auto [it, inserted] = storage_keys_.emplace(identity, storage_keys_.size());
     out["storage"] = std::to_string(it->second);

@@ -272,7 +272,8 @@ namespace holdpoint {
   X(selection_poison_ineffective, "poisoning a fresh module's tensor left it equal to the selected content, so a load that did nothing would go unnoticed") \
   X(selection_reload_mismatch, "after loading the staged envelope, the fresh module's tensors differ from the selection record: the load did not take effect") \
   X(selection_output_mismatch, "the reloaded module's output on the probe input differs from the output recorded at selection") \
-  X(pickle_cycle, "a list or dict is changed after the memo handed it out: only a container that holds itself (a cycle) is pickled so")
+  X(pickle_cycle, "a list or dict is changed after the memo handed it out: only a container that holds itself (a cycle) is pickled so") \
+  X(tensor_metadata_unsupported, "a tensor's rebuild metadata sets something other than the conj and neg bits, or the conj bit on a tensor that is not complex")
 
 enum class ErrorCode : std::uint16_t {
 #define HOLDPOINT_X(name, description) name,

@@ -82,5 +82,7 @@ std::optional<std::string_view> dtype_safetensors_name(DType dtype) noexcept;
 std::optional<DType> dtype_from_safetensors_name(std::string_view name) noexcept;
 // Floating point and complex dtypes can require gradients.
 bool dtype_is_differentiable(DType dtype) noexcept;
+// complex32, complex64 and complex128: the dtypes with conjugate views.
+bool dtype_is_complex(DType dtype) noexcept;
 
 }  // namespace holdpoint

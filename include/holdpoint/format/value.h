@@ -184,6 +184,12 @@ struct TensorData {
   // Pickled as a numpy.ndarray (a NumPy RNG state, say) and decoded as data;
   // its bytes are the reader's own copy. Writers write it as a tensor.
   bool from_numpy = false;
+  // torch's lazy views, Tensor.conj() of a complex tensor and _neg_view(): the
+  // storage holds the plain elements, and the tensor's elements are their
+  // conjugates (negations). torch.save keeps the bits (its rebuild metadata,
+  // docs/format.md §5.3); so do holdpoint's reader and .pt writer.
+  bool conjugate = false;
+  bool negative = false;
 
   // A contiguous tensor that owns a copy of `bytes` (which must hold
   // numel x dtype_bits / 8 bytes in C order).
@@ -479,7 +485,7 @@ inline const Dict::Entry& Dict::at_index(std::size_t i) const { return entries_.
 
 // Deep structural equality: same kinds, same keys in the same order, equal
 // scalars (doubles compared bitwise, so NaN == NaN), tensors with equal dtype,
-// sizes, requires_grad and logical elements (bitwise). Strides, offsets and
+// sizes, requires_grad, conj/neg bits and logical elements (bitwise). Strides, offsets and
 // storage sharing are not compared; use same_storage_layout for that.
 bool equal_content(const Value& a, const Value& b);
 

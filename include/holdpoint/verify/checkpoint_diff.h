@@ -94,7 +94,7 @@ enum class DiffChange : std::uint8_t {
   type_changed,       // int -> float, list -> tuple, tensor -> None, ...
   dtype_changed,      // tensors of different dtypes (elements not compared)
   shape_changed,      // tensors of different shapes (elements not compared)
-  attribute_changed,  // a tensor's requires_grad or Parameter flag
+  attribute_changed,  // a tensor's requires_grad, Parameter, conj or neg flag
   value_changed,      // the content differs
 };
 

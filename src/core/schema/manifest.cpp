@@ -593,7 +593,15 @@ class DigestEncoder {
         for (auto size : t.sizes) u64(static_cast<std::uint64_t>(size));
         for (auto stride : t.strides) u64(static_cast<std::uint64_t>(stride));
         u64(static_cast<std::uint64_t>(t.storage_offset));
-        tag(t.requires_grad ? 'T' : 'F');
+        if (t.conjugate || t.negative) {
+          // Lower case: the lazy-view bits follow (digests of plain tensors are
+          // what they always were).
+          tag(t.requires_grad ? 't' : 'f');
+          tag(t.conjugate ? 'C' : 'c');
+          tag(t.negative ? 'N' : 'n');
+        } else {
+          tag(t.requires_grad ? 'T' : 'F');
+        }
         u64(t.storage->nbytes());
         const StorageDigest& digest = storages_.of(*t.storage);
         hasher_.update(digest.bytes.data(), digest.size);

@@ -257,10 +257,14 @@ class TreeWalk {
   void compare_tensors(const Value& a, const Value& b, const std::string& path, const Where& where) {
     const TensorData& x = a.as_tensor();
     const TensorData& y = b.as_tensor();
-    if (x.requires_grad != y.requires_grad || x.is_parameter != y.is_parameter) {
+    if (x.requires_grad != y.requires_grad || x.is_parameter != y.is_parameter || x.conjugate != y.conjugate ||
+        x.negative != y.negative) {
       DiffEntry e = entry(path, where, DiffChange::attribute_changed, tensor_text(x), tensor_text(y));
-      e.detail = concat("requires_grad ", x.requires_grad ? "True" : "False", " -> ", y.requires_grad ? "True" : "False",
-                        ", Parameter ", x.is_parameter ? "True" : "False", " -> ", y.is_parameter ? "True" : "False");
+      const auto flag = [](bool set) { return set ? "True" : "False"; };
+      e.detail = concat("requires_grad ", flag(x.requires_grad), " -> ", flag(y.requires_grad), ", Parameter ",
+                        flag(x.is_parameter), " -> ", flag(y.is_parameter));
+      if (x.conjugate != y.conjugate) e.detail += concat(", conj ", flag(x.conjugate), " -> ", flag(y.conjugate));
+      if (x.negative != y.negative) e.detail += concat(", neg ", flag(x.negative), " -> ", flag(y.negative));
       add(std::move(e));
     }
     if (x.dtype != y.dtype) {

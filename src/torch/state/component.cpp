@@ -15,6 +15,8 @@ Value deep_copy(const Value& value) {
       TensorData copy = TensorData::from_bytes(t.dtype, t.sizes, t.contiguous_bytes());
       copy.requires_grad = t.requires_grad;
       copy.is_parameter = t.is_parameter;
+      copy.conjugate = t.conjugate;
+      copy.negative = t.negative;
       return Value::tensor(std::move(copy));
     }
     case ValueKind::list:

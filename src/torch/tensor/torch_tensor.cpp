@@ -109,6 +109,9 @@ at::Tensor to_at_tensor(const TensorData& tensor) {
       start, at::IntArrayRef(tensor.sizes.data(), tensor.sizes.size()),
       at::IntArrayRef(tensor.strides.data(), tensor.strides.size()), [keep](void*) mutable { keep.reset(); },
       at::TensorOptions().dtype(*type).device(at::kCPU));
+  // torch's lazy views keep their bits, as torch.load's set_tensor_metadata does.
+  if (tensor.conjugate) result._set_conj(true);
+  if (tensor.negative) result._set_neg(true);
   if (tensor.requires_grad) result.set_requires_grad(true);
   return result;
 }

@@ -707,7 +707,8 @@ class Machine {
   Item reduce_empty_bytes(const Item& args);
   Item reduce_tensor(const Item& args, bool v3);
   Item tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset, bool requires_grad,
-                   Dims sizes, Dims strides);
+                   Dims sizes, Dims strides, bool conjugate = false, bool negative = false);
+  void read_tensor_metadata(const Item& metadata, DType dtype, bool& conjugate, bool& negative) const;
   Item reduce_parameter(const Item& args);
   Item reduce_numpy_dtype(const Item& args);
   Item reduce_numpy_reconstruct(const Item& args);
@@ -1886,25 +1887,59 @@ Item Machine::reduce_tensor(const Item& args, bool v3) {
   Dims sizes = int_tuple(element(args, 2), "size");
   Dims strides = int_tuple(element(args, 3), "stride");
   check_hooks(element(args, 5), "backward_hooks");
+  bool conjugate = false, negative = false;
   if (tuple_size(args) == required + 1) {
-    // torch 2.x passes tensor metadata (conj/neg bits...) only when non-empty.
+    // torch 2.x passes the tensor's metadata (its conj and neg bits) only when
+    // one is set.
     const Item& metadata = element(args, required);
     const auto metadata_kind = value_kind(metadata);
     if (metadata_kind != ValueKind::dict && metadata_kind != ValueKind::ordered_dict) {
       error(ErrorCode::pickle_call_args_invalid, "the rebuild metadata is a ", describe(metadata), ", not a dict");
     }
-    check_hooks(metadata, "the rebuild metadata");
+    if (!is_empty_dict(metadata)) read_tensor_metadata(metadata, dtype, conjugate, negative);
   }
   return tensor_item(storage_ref, dtype, offset_value.integer, requires_grad.boolean, std::move(sizes),
-                     std::move(strides));
+                     std::move(strides), conjugate, negative);
+}
+
+// torch._utils.get_tensor_metadata's dict: {"neg": True, "conj": True}, either
+// key alone. Any other key would change what the tensor means in a way this
+// reader cannot know, so it is refused rather than ignored (torch ignores it).
+void Machine::read_tensor_metadata(const Item& metadata, DType dtype, bool& conjugate, bool& negative) const {
+  if (metadata.kind != ItemKind::value) {
+    error(ErrorCode::pickle_call_args_invalid, "the rebuild metadata is a ", describe(metadata), ", not a dict");
+  }
+  const Dict& dict = values_[metadata.index].as_dict();
+  if (dict.metadata() || holds_dropped_tensor(dict)) {
+    error(ErrorCode::tensor_metadata_unsupported, "the rebuild metadata holds more than the conj and neg bits");
+  }
+  for (const auto& [key, bit] : dict) {
+    const bool known = key.is_string() && (key.as_string() == "conj" || key.as_string() == "neg");
+    if (!known) {
+      error(ErrorCode::tensor_metadata_unsupported, "the rebuild metadata sets ",
+            key.is_string() ? "'" + std::string(key.as_string()) + "'" : std::string("a non-str key"),
+            "; only 'conj' and 'neg' are known");
+    }
+    if (!bit.is_bool()) {
+      error(ErrorCode::pickle_call_args_invalid, "the rebuild metadata's '", key.as_string(), "' is a ",
+            value_kind_name(bit.kind()), ", not a bool");
+    }
+    (key.as_string() == "conj" ? conjugate : negative) = bit.as_bool();
+  }
+  if (conjugate && !dtype_is_complex(dtype)) {
+    error(ErrorCode::tensor_metadata_unsupported, "the conj bit on a ", dtype_name(dtype),
+          " tensor; only complex tensors have conjugate views");
+  }
 }
 
 // A tensor over `storage_ref` whose arguments have their types: the geometry
 // and the limits are checked here.
 Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64_t storage_offset,
-                          bool requires_grad, Dims sizes, Dims strides) {
+                          bool requires_grad, Dims sizes, Dims strides, bool conjugate, bool negative) {
   TensorData tensor;
   tensor.dtype = dtype;
+  tensor.conjugate = conjugate;
+  tensor.negative = negative;
   tensor.sizes = std::move(sizes);
   tensor.strides = std::move(strides);
   tensor.storage_offset = storage_offset;

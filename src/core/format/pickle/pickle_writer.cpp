@@ -542,7 +542,8 @@ class Emitter {
   }
 
   // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, OrderedDict()),
-  // v3 with a trailing dtype for dtypes without a storage class, and
+  // v3 with a trailing dtype for dtypes without a storage class, the conj/neg
+  // bits as a last metadata dict where one is set, and
   // _rebuild_parameter(tensor, requires_grad, OrderedDict()) around it for
   // nn.Parameter.
   void emit_tensor(const std::shared_ptr<const TensorData>& pointer, bool memoizable) {
@@ -572,6 +573,15 @@ class Emitter {
       fail(ErrorCode::write_value_unsupported, "pickle writer: torch 1.13 has no ", dtype_name(tensor.dtype),
            " tensors (no storage class)");
     }
+    if (tensor.conjugate && !dtype_is_complex(tensor.dtype)) {
+      fail(ErrorCode::tensor_metadata_unsupported, "pickle writer: the conj bit on a ", dtype_name(tensor.dtype),
+           " tensor; only complex tensors have conjugate views");
+    }
+    if ((tensor.conjugate || tensor.negative) && options_.torch_1_13_compatible) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: torch 1.13 cannot rebuild a ",
+           tensor.conjugate ? "conjugate" : "negative", " view (its _rebuild_tensor_v2 takes no metadata); ",
+           "resolve the view first");
+    }
     if (tensor.is_parameter) emit_global("torch._utils", "_rebuild_parameter");
     emit_global("torch._utils", storage_class ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
     put(op::MARK);
@@ -582,6 +592,20 @@ class Emitter {
     emit_bool(tensor.is_parameter ? false : tensor.requires_grad);
     emit_empty_ordered_dict();
     if (!storage_class) emit_global("torch", dtype_name(tensor.dtype));
+    if (tensor.conjugate || tensor.negative) {
+      // torch._utils.get_tensor_metadata's dict, in its order.
+      put(op::EMPTY_DICT);
+      put(op::MARK);
+      if (tensor.negative) {
+        emit_str("neg");
+        emit_bool(true);
+      }
+      if (tensor.conjugate) {
+        emit_str("conj");
+        emit_bool(true);
+      }
+      put(op::SETITEMS);
+    }
     put(op::TUPLE);
     put(op::REDUCE);
     if (tensor.is_parameter) {

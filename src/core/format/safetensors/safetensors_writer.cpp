@@ -166,6 +166,11 @@ Plan plan_tensors(const Value& root) {
       fail(ErrorCode::write_value_unsupported, "tensor ", quoted_for_message(name), " has dtype ",
            holdpoint::dtype_name(tensor.dtype), ", which safetensors cannot name");
     }
+    if (tensor.conjugate || tensor.negative) {
+      // safetensors stores elements only: the stored bits would read back unconjugated.
+      fail(ErrorCode::write_value_unsupported, "tensor ", quoted_for_message(name), " is a ",
+           tensor.conjugate ? "conjugate" : "negative", " view, which safetensors has no place for; resolve it first");
+    }
     planned.push_back(PlannedTensor{&name, &tensor, *dtype_name, checked_view_bytes(name, tensor)});
   }
   Plan plan;

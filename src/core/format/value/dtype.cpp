@@ -81,6 +81,10 @@ std::string_view dtype_name(DType dtype) noexcept { return info(dtype).name; }
 bool dtype_in_torch(DType dtype) noexcept { return info(dtype).in_torch; }
 bool dtype_is_differentiable(DType dtype) noexcept { return info(dtype).differentiable; }
 
+bool dtype_is_complex(DType dtype) noexcept {
+  return dtype == DType::complex32 || dtype == DType::complex64 || dtype == DType::complex128;
+}
+
 std::optional<DType> dtype_from_name(std::string_view name) noexcept {
   for (const auto& entry : kInfo) {
     if (entry.name == name) return entry.dtype;

@@ -876,6 +876,7 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
       }
       if (x.sizes != y.sizes) return where + ": sizes " + shape_text(x.sizes) + " vs " + shape_text(y.sizes);
       if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
+      if (x.conjugate != y.conjugate || x.negative != y.negative) return where + ": conj/neg view bits differ";
       if (x.contiguous_bytes() != y.contiguous_bytes()) return where + ": tensor elements differ";
       return {};
     }
