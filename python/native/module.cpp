@@ -16,6 +16,8 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -320,6 +322,52 @@ class ToPython {
   }
 
   py::object scalar(const Value& value) {
+    if (const auto numpy = value.numpy_scalar_dtype()) return numpy_scalar(*numpy, value, plain_scalar(value));
+    return plain_scalar(value);
+  }
+
+  // numpy.<dtype>(plain), as NumPy's own unpickling gives it; the plain value
+  // where NumPy does not import. float32 and complex64 scalars, and float16
+  // NaNs, are rebuilt from their bits: the reader keeps a NaN's whole mantissa
+  // in the double's top bits, so its payload (and a signaling NaN) survive.
+  static py::object numpy_scalar(DType dtype, const Value& value, py::object plain) {
+    static py::object* numpy = [] {
+      try {
+        return new py::object(py::module_::import("numpy"));
+      } catch (const py::error_already_set&) {
+        return new py::object();
+      }
+    }();
+    if (!*numpy) return plain;
+    const std::string name(dtype_name(dtype));
+    // A double the reader made from a narrow float, back to that float's bits.
+    const auto narrow = [](double wide, int mantissa_bits, int exponent_bits) -> std::uint32_t {
+      if (!std::isnan(wide)) {
+        return mantissa_bits == 23 ? std::bit_cast<std::uint32_t>(static_cast<float>(wide)) : 0;
+      }
+      const auto bits = std::bit_cast<std::uint64_t>(wide);
+      std::uint64_t mantissa = (bits & ((std::uint64_t{1} << 52) - 1)) >> (52 - mantissa_bits);
+      if (mantissa == 0) mantissa = std::uint64_t{1} << (mantissa_bits - 1);  // a payload below: quiet NaN
+      const std::uint64_t exponent = (std::uint64_t{1} << exponent_bits) - 1;
+      return static_cast<std::uint32_t>(((bits >> 63) << (mantissa_bits + exponent_bits)) |
+                                        (exponent << mantissa_bits) | mantissa);
+    };
+    std::string raw;
+    const auto append = [&raw](auto bits) { raw.append(reinterpret_cast<const char*>(&bits), sizeof bits); };
+    if (dtype == DType::float32 && value.is_double()) {
+      append(narrow(value.as_double(), 23, 8));
+    } else if (dtype == DType::complex64 && value.is_complex()) {
+      append(narrow(value.as_complex().real(), 23, 8));
+      append(narrow(value.as_complex().imag(), 23, 8));
+    } else if (dtype == DType::float16 && value.is_double() && std::isnan(value.as_double())) {
+      append(static_cast<std::uint16_t>(narrow(value.as_double(), 10, 5)));
+    } else {
+      return numpy->attr("dtype")(name).attr("type")(plain);
+    }
+    return numpy->attr("frombuffer")(py::bytes(raw), name)[py::int_(0)];
+  }
+
+  py::object plain_scalar(const Value& value) {
     switch (value.kind()) {
       case ValueKind::none: return py::none();
       case ValueKind::boolean: return py::bool_(value.as_bool());

@@ -5,9 +5,10 @@ nested dicts, OrderedDicts (some with _metadata), lists and tuples; keys of ever
 hashable kind (str, int, float, bool, None, bytes, tuples of them); leaves of every
 value kind (ints across and beyond int64, floats with NaN, infinities and -0.0,
 complex, str, bytes, bytearray, sets, torch.dtype, torch.Size, torch.device,
-torch.layout); NumPy arrays (beyond torch's safe loader); tensors of every dtype torch.save writes, as views with offsets,
-transposed and strided, 0-d and empty, sharing storages, conjugate and negative views,
-as nn.Parameters and with requires_grad; and the same container or tensor referenced from several places.
+torch.layout); NumPy arrays and scalars (beyond torch's safe loader); tensors of every
+dtype torch.save writes, as views with offsets, transposed and strided, 0-d and empty,
+sharing storages, conjugate and negative views, as nn.Parameters and with
+requires_grad; and the same container or tensor referenced from several places.
 
 For each tree, both directions are compared strictly:
 - torch.save, then holdpoint.load against torch.load(weights_only=False);
@@ -26,7 +27,8 @@ frozenset, keys beyond int64 or complex, sparse and other tensor forms not yet r
 is left out of the generator; test_value_types.py and pickle_reader_test check those
 refusals by code.
 
-HOLDPOINT_DIFFERENTIAL_TREES (default 3000) sets how many trees a run builds;
+HOLDPOINT_DIFFERENTIAL_TREES (default 3000; 30000 with HOLDPOINT_LARGE_TESTS=1) sets how
+many trees a run builds;
 HOLDPOINT_DIFFERENTIAL_SEED the first seed (default: fixed, so a failure reproduces).
 """
 
@@ -47,7 +49,8 @@ import harness
 sys.path.insert(0, os.path.join(harness.BUILD_DIR, "python"))
 import holdpoint  # noqa: E402
 
-TREES = int(os.environ.get("HOLDPOINT_DIFFERENTIAL_TREES", "3000"))
+TREES = int(os.environ.get("HOLDPOINT_DIFFERENTIAL_TREES",
+                           "30000" if os.environ.get("HOLDPOINT_LARGE_TESTS") == "1" else "3000"))
 FIRST_SEED = int(os.environ.get("HOLDPOINT_DIFFERENTIAL_SEED", "3800"))
 
 # Every dtype torch.save writes for a dense tensor (torch 2.13). uint16/32/64 and the
@@ -174,9 +177,24 @@ class Generator:
             return r.choice(DEVICES)
         if kind == 12:
             return r.choice(LAYOUTS)
-        if kind == 13 and r.random() < 0.3:
+        if kind == 13 and r.random() < 0.2:
             return self.numpy_array()
+        if kind == 13 and r.random() < 0.3:
+            return self.numpy_scalar()
         return self.tensor()
+
+    def numpy_scalar(self):
+        # numpy.float32(...), numpy.uint64(...), numpy.bool_ ...: read back as their
+        # own types; holdpoint.save writes their plain values (one way only).
+        r = self.rng
+        self.numpy = True
+        dtype = np.dtype(r.choice(NUMPY_DTYPES))
+        if dtype.kind == "b":
+            return np.bool_(r.random() < 0.5)
+        value = np.frombuffer(bytes(r.getrandbits(8) for _ in range(dtype.itemsize)), dtype=dtype)[0]
+        if dtype.kind == "u" and dtype.itemsize == 8 and r.random() < 0.5:
+            value = dtype.type(r.choice([2**63, 2**64 - 1, 2**63 - 1]))
+        return value
 
     def numpy_array(self):
         # Beyond torch's safe loader (which refuses NumPy globals unless allowed):
@@ -344,6 +362,9 @@ class Comparer:
                     self.fail(where, f"set {got!r}, want {want!r}")
             elif got != want:
                 self.fail(where, f"bytearray {got!r}, want {want!r}")
+        elif isinstance(want, np.generic):
+            if got.dtype != want.dtype or got.tobytes() != want.tobytes():
+                self.fail(where, f"NumPy scalar {got!r} ({got.dtype}), want {want!r} ({want.dtype})")
         elif isinstance(want, tuple) and not isinstance(want, torch.Size):
             self.sequence(got, want, where)
         elif isinstance(want, float):

@@ -138,8 +138,8 @@ def check_numpy_complex(report, tmp):
     for value in (np.complex64(1.5 - 2j), np.complex128(0.1 + 3e300j)):
         path = saved_by_torch(tmp, "numpy_complex", {"z": value})
         got = holdpoint.load(path)["z"]
-        report.check(isinstance(got, complex) and got == complex(value),
-                     f"NumPy {type(value).__name__}: holdpoint.load gave {got!r}")
+        report.check(type(got) is type(value) and got == value,
+                     f"NumPy {type(value).__name__}: holdpoint.load gave {got!r} ({type(got).__name__})")
 
 
 def check_holdpoint_to_torch(report, tmp):

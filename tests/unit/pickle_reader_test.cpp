@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -755,7 +756,7 @@ TEST(PickleReaderNumpy, SwapsBigEndianArraysAndKeepsFortranOrder) {
   EXPECT_FLOAT_EQ(element(fortran, 3), 1.f);  // row 1, column 0
 }
 
-TEST(PickleReaderNumpy, ReadsScalarsAsPlainValues) {
+TEST(PickleReaderNumpy, ReadsScalarsAsPlainValuesTaggedWithTheirDtype) {
   const auto scalar = [](std::string_view code, std::string_view data, std::string_view order = "<") {
     return read_value(numpy_scalar(code, data, order));
   };
@@ -778,6 +779,28 @@ TEST(PickleReaderNumpy, ReadsScalarsAsPlainValues) {
   const Value big_endian = scalar("u8", std::string("\x80\x00\x00\x00\x00\x00\x00\x01", 8), ">");
   ASSERT_EQ(big_endian.kind(), ValueKind::big_integer);
   EXPECT_EQ(big_endian.as_big_integer(), std::string("\x01\x00\x00\x00\x00\x00\x00\x80\x00", 9));
+  // Each keeps the NumPy dtype it had, for Python to give the NumPy type back.
+  EXPECT_EQ(top.numpy_scalar_dtype(), DType::uint64);
+  EXPECT_EQ(scalar("f4", std::string_view(reinterpret_cast<const char*>(&f), 4)).numpy_scalar_dtype(), DType::float32);
+  EXPECT_EQ(scalar("b1", std::string("\x01", 1)).numpy_scalar_dtype(), DType::boolean);
+  EXPECT_EQ(scalar("u2", std::string("\x01\x02", 2), ">").numpy_scalar_dtype(), DType::uint16);
+  EXPECT_FALSE(Value::integer(-2).numpy_scalar_dtype());
+  // The tag is a type for Python, not content: numpy.int64(-2) == -2, as in
+  // Python; digests and writers see the plain value.
+  const Value minus_two = scalar("i8", std::string("\xfe\xff\xff\xff\xff\xff\xff\xff", 8));
+  EXPECT_TRUE(equal_content(minus_two, Value::integer(-2)));
+  EXPECT_FALSE(equal_content(minus_two, Value::numpy_scalar(DType::int64, Value::integer(-3))));
+  EXPECT_ERROR_CODE(Value::numpy_scalar(DType::float32, Value::string("1.5")), ErrorCode::invalid_argument);
+  // A NaN keeps its sign and mantissa, quiet bit included, in the double's top
+  // mantissa bits: a signaling float32 NaN and a float16 NaN with a payload.
+  const auto bits_of = [](const Value& v) { return std::bit_cast<std::uint64_t>(v.as_double()); };
+  EXPECT_EQ(bits_of(scalar("f4", std::string("\x01\x00\x80\x7f", 4))), 0x7FF0000020000000ull);
+  EXPECT_EQ(bits_of(scalar("f4", std::string("\x00\x00\xc0\xff", 4))), 0xFFF8000000000000ull);
+  EXPECT_EQ(bits_of(scalar("f2", std::string("\x01\x7c", 2))), 0x7FF0040000000000ull);
+  EXPECT_EQ(scalar("f2", std::string("\x00\x7c", 2)).as_double(), std::numeric_limits<double>::infinity());
+  const std::complex<double> z = scalar("c8", std::string("\x01\x00\x80\x7f\x00\x00\x80\x3f", 8)).as_complex();
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(z.real()), 0x7FF0000020000000ull);
+  EXPECT_EQ(z.imag(), 1.0);
 }
 
 TEST(PickleReaderNumpy, ASharedDtypeSeesItsBuild) {

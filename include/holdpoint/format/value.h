@@ -406,8 +406,18 @@ class Value {
   // One of torch's layout names ("torch.strided", ...); throws
   // Error(invalid_argument) for any other.
   static Value layout(std::string name);
+  // A NumPy scalar (numpy.float32(1.5), numpy.uint64(2**63), numpy.bool_):
+  // `plain` is its value as a boolean, integer, big_integer, floating or
+  // complex_number, tagged with the NumPy dtype it had, so that Python gets
+  // the NumPy type back. Everything else (equal_content, digests, writers)
+  // sees the plain value: numpy.int64(1) == 1, as in Python.
+  static Value numpy_scalar(DType dtype, Value plain);
 
   ValueKind kind() const noexcept { return kind_; }
+  // The NumPy dtype of a value read from a NumPy scalar; nullopt otherwise.
+  std::optional<DType> numpy_scalar_dtype() const noexcept {
+    return numpy_dtype_ == kNotNumpy ? std::nullopt : std::optional<DType>(static_cast<DType>(numpy_dtype_));
+  }
   bool is_none() const noexcept { return kind_ == ValueKind::none; }
   bool is_bool() const noexcept { return kind_ == ValueKind::boolean; }
   bool is_int() const noexcept { return kind_ == ValueKind::integer; }
@@ -463,7 +473,9 @@ class Value {
   Value(ValueKind kind, Node node) : kind_(kind), node_(std::move(node)) {}
   friend bool valid_set_item(const Value& value) noexcept;
 
+  static constexpr std::uint8_t kNotNumpy = 0xFF;
   ValueKind kind_ = ValueKind::none;
+  std::uint8_t numpy_dtype_ = kNotNumpy;  // a DType, for a NumPy scalar
   Node node_;
 };
 

@@ -2245,7 +2245,27 @@ Item Machine::build_numpy_array(const Item& state) {
   return item;
 }
 
-// multiarray.scalar(dtype, bytes): a NumPy scalar, read as the plain value.
+// A float32 (23 mantissa bits) or float16 (10) as a double, exactly: a NaN
+// keeps its sign and its whole mantissa, the quiet bit included, in the top
+// bits of the double's (a float-to-double conversion would quiet a signaling
+// NaN, and half_to_double makes every NaN the canonical one), so that the
+// NumPy scalar it came from can be rebuilt bit for bit.
+double narrow_float_to_double(std::uint32_t bits, int mantissa_bits) {
+  const int exponent_bits = mantissa_bits == 23 ? 8 : 5;
+  const std::uint32_t mantissa = bits & ((1u << mantissa_bits) - 1);
+  const std::uint32_t exponent = (bits >> mantissa_bits) & ((1u << exponent_bits) - 1);
+  const bool negative = (bits >> (mantissa_bits + exponent_bits)) & 1u;
+  if (exponent == (1u << exponent_bits) - 1 && mantissa != 0) {
+    const std::uint64_t wide = (std::uint64_t{negative} << 63) | (std::uint64_t{0x7FF} << 52) |
+                               (std::uint64_t{mantissa} << (52 - mantissa_bits));
+    return std::bit_cast<double>(wide);
+  }
+  if (mantissa_bits == 23) return static_cast<double>(std::bit_cast<float>(bits));
+  return holdpoint::value::half_to_double(static_cast<std::uint16_t>(bits));
+}
+
+// multiarray.scalar(dtype, bytes): a NumPy scalar, read as its plain value
+// tagged with its dtype (Value::numpy_scalar).
 Item Machine::reduce_numpy_scalar(const Item& args) {
   if (tuple_size(args) != 2 || element(args, 1).kind != ItemKind::bytes) {
     error(ErrorCode::pickle_call_args_invalid, "numpy scalar takes exactly (dtype, bytes)");
@@ -2267,36 +2287,37 @@ Item Machine::reduce_numpy_scalar(const Item& args) {
     std::memcpy(&out, bytes.data(), sizeof out);
     return out;
   };
+  const auto scalar = [&](Value plain) { return value_item(Value::numpy_scalar(dtype, std::move(plain))); };
   switch (dtype) {
-    case DType::boolean: return boolean_item(bytes[0] != 0);
-    case DType::int8: return integer_item(load(std::int8_t{}));
-    case DType::int16: return integer_item(load(std::int16_t{}));
-    case DType::int32: return integer_item(load(std::int32_t{}));
-    case DType::int64: return integer_item(load(std::int64_t{}));
-    case DType::uint8: return integer_item(load(std::uint8_t{}));
-    case DType::uint16: return integer_item(load(std::uint16_t{}));
-    case DType::uint32: return integer_item(load(std::uint32_t{}));
+    case DType::boolean: return scalar(Value::boolean(bytes[0] != 0));
+    case DType::int8: return scalar(Value::integer(load(std::int8_t{})));
+    case DType::int16: return scalar(Value::integer(load(std::int16_t{})));
+    case DType::int32: return scalar(Value::integer(load(std::int32_t{})));
+    case DType::int64: return scalar(Value::integer(load(std::int64_t{})));
+    case DType::uint8: return scalar(Value::integer(load(std::uint8_t{})));
+    case DType::uint16: return scalar(Value::integer(load(std::uint16_t{})));
+    case DType::uint32: return scalar(Value::integer(load(std::uint32_t{})));
     case DType::uint64: {
       const std::uint64_t value = load(std::uint64_t{});
       if (value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-        return integer_item(static_cast<std::int64_t>(value));
+        return scalar(Value::integer(static_cast<std::int64_t>(value)));
       }
       // 2^63 and above: a Python int, as NumPy's own unpickling gives (the
       // little-endian bytes and a zero byte for the sign).
       std::string little_endian(9, '\0');
       for (std::size_t i = 0; i < 8; ++i) little_endian[i] = static_cast<char>((value >> (8 * i)) & 0xff);
-      return value_item(Value::integer_of_bytes(little_endian));
+      return scalar(Value::integer_of_bytes(little_endian));
     }
-    case DType::float32: return floating_item(load(float{}));
-    case DType::float64: return floating_item(load(double{}));
-    case DType::float16: return floating_item(holdpoint::value::half_to_double(load(std::uint16_t{})));
+    case DType::float32: return scalar(Value::floating(narrow_float_to_double(load(std::uint32_t{}), 23)));
+    case DType::float64: return scalar(Value::floating(load(double{})));
+    case DType::float16: return scalar(Value::floating(narrow_float_to_double(load(std::uint16_t{}), 10)));
     case DType::complex64: {
-      const auto parts = load(std::array<float, 2>{});
-      return value_item(Value::complex_number({parts[0], parts[1]}));
+      const auto parts = load(std::array<std::uint32_t, 2>{});
+      return scalar(Value::complex_number({narrow_float_to_double(parts[0], 23), narrow_float_to_double(parts[1], 23)}));
     }
     case DType::complex128: {
       const auto parts = load(std::array<double, 2>{});
-      return value_item(Value::complex_number({parts[0], parts[1]}));
+      return scalar(Value::complex_number({parts[0], parts[1]}));
     }
     default: break;
   }

@@ -594,6 +594,20 @@ Value Value::tensor(std::shared_ptr<const TensorData> tensor) {
   return Value(ValueKind::tensor, std::move(tensor));
 }
 Value Value::complex_number(std::complex<double> v) { return Value(ValueKind::complex_number, v); }
+Value Value::numpy_scalar(DType dtype, Value plain) {
+  switch (plain.kind()) {
+    case ValueKind::boolean:
+    case ValueKind::integer:
+    case ValueKind::big_integer:
+    case ValueKind::floating:
+    case ValueKind::complex_number: break;
+    default:
+      fail(ErrorCode::invalid_argument, "Value::numpy_scalar: a ", value_kind_name(plain.kind()),
+           " is not a NumPy scalar's value");
+  }
+  plain.numpy_dtype_ = static_cast<std::uint8_t>(dtype);
+  return plain;
+}
 Value Value::set(List items) { return Value(ValueKind::set, std::make_shared<List>(std::move(items))); }
 Value Value::bytearray(std::string v) {
   return Value(ValueKind::bytearray, std::make_shared<const std::string>(std::move(v)));
