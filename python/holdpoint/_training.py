@@ -455,20 +455,23 @@ class _InPlaceTensors(TensorFactory):
 
     def __init__(self) -> None:
         super().__init__("torch")
-        # id(meta tensor) -> (tensor, record, bytes, dtype, shape, stride, offset, requires_grad, is_parameter)
+        # id(meta tensor) -> (tensor, record, bytes, dtype, shape, stride, offset, requires_grad, is_parameter,
+        #                     conj, neg)
         self.absent: dict[int, tuple] = {}
         self.records: dict[int, Any] = {}  # record -> the tensor holding its bytes
         self.filled: set[int] = set()      # ids of the tensors fill() returned
 
-    def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy):
+    def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy,
+                 conj=False, neg=False):
         if isinstance(buffer, tuple) and buffer and buffer[0] == "absent":
             torch: Any = self.torch
             torch_dtype = self.dtypes.get(dtype) or self._torch_dtype(dtype)
             meta = torch.empty_strided(shape, stride, dtype=torch_dtype, device="meta")
             self.absent[id(meta)] = (meta, buffer[1], buffer[2], torch_dtype, tuple(shape), tuple(stride), offset,
-                                     requires_grad, is_parameter)
+                                     requires_grad, is_parameter, conj, neg)
             return meta
-        return super().__call__(buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy)
+        return super().__call__(buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy,
+                                conj, neg)
 
     def fill(self, value: Any, resume: Any, live: Any = None) -> Any:
         """`value` with every meta tensor replaced by one holding its bytes: the
@@ -479,10 +482,12 @@ class _InPlaceTensors(TensorFactory):
             entry = self.absent.get(id(value))
             if entry is None:
                 return value
-            _, record, nbytes, dtype, shape, stride, offset, requires_grad, is_parameter = entry
+            _, record, nbytes, dtype, shape, stride, offset, requires_grad, is_parameter, conj, neg = entry
             torch: Any = self.torch
             target = None
+            # A lazy conj/neg view's bytes are the plain elements: never written into a live tensor.
             if (live is not None and _is_tensor(live) and record not in self.records and live.device.type == "cpu"
+                    and not conj and not neg
                     and live.dtype == dtype and tuple(live.shape) == shape and live.is_contiguous() and offset == 0
                     and live.numel() * live.element_size() == nbytes and tuple(live.stride()) == stride):
                 resume.fill(record, live.data_ptr(), nbytes, True)
@@ -495,6 +500,10 @@ class _InPlaceTensors(TensorFactory):
                     resume.fill(record, holder.data_ptr(), nbytes, False)
                     self.records[record] = holder
                 target = holder.view(dtype).as_strided(shape, stride, offset)
+                if conj:
+                    target = target.conj()
+                if neg:
+                    target = target._neg_view()
                 if is_parameter:
                     target = torch.nn.Parameter(target, requires_grad=requires_grad)
                 elif requires_grad:
