@@ -75,6 +75,8 @@ class TensorFactory:
     def __call__(self, buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy,
                  conj=False, neg=False):
         torch = self.torch
+        if isinstance(buffer, str) and buffer == "meta":
+            return self._meta_tensor(dtype, shape, stride, requires_grad, is_parameter)
         if torch is None or from_numpy:
             # What NumPy pickled comes back as NumPy, as the framework's own load gives it.
             array = _numpy_array(buffer, dtype, shape, stride, offset)
@@ -99,25 +101,42 @@ class TensorFactory:
                 if (offset == 0 and len(shape) == 1 and shape[0] == base.shape[0] and stride == (1,)
                         and not requires_grad and not is_parameter and not conj and not neg):
                     return base
-            tensor = base.as_strided(shape, stride, offset)
-        if conj or neg:
-            # The same lazy view torch.load's set_tensor_metadata makes, over the same storage.
-            tensor = tensor.as_strided(shape, stride, offset)  # never the shared base itself
-            if conj:
-                tensor = tensor.conj()
-            if neg:
-                tensor = tensor._neg_view()
-        if is_parameter:
-            return torch.nn.Parameter(tensor, requires_grad=requires_grad)
-        if requires_grad:
-            tensor.requires_grad_(True)
-        return tensor
+            tensor = base.as_strided(shape, stride, offset)  # a view of its own, never the shared base
+        return finish_tensor(torch, tensor, conj, neg, requires_grad, is_parameter)
+
+
+    def _meta_tensor(self, dtype, shape, stride, requires_grad, is_parameter):
+        """A tensor on the meta device, as torch's _rebuild_meta_tensor_no_storage
+        makes it; without torch (NumPy has no such thing), its description."""
+        torch = self.torch
+        if torch is None:
+            return describe_tensor("meta", dtype, shape, stride, 0, requires_grad, is_parameter, False)
+        torch_dtype = self.dtypes.get(dtype) or self._torch_dtype(dtype)
+        tensor = torch.empty_strided(shape, stride, dtype=torch_dtype, device="meta")
+        return finish_tensor(torch, tensor, False, False, requires_grad, is_parameter)
+
+
+def finish_tensor(torch, tensor, conj, neg, requires_grad, is_parameter):
+    """torch.load's last steps on a rebuilt view: the lazy conj/neg bits (as its
+    set_tensor_metadata sets them, over the same storage), then nn.Parameter or
+    requires_grad."""
+    if conj:
+        tensor = tensor.conj()
+    if neg:
+        tensor = tensor._neg_view()
+    if is_parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
 
 
 def describe_tensor(buffer, dtype, shape, stride, offset, requires_grad, is_parameter, from_numpy,
                     conj=False, neg=False):
     """What inspect shows of a tensor: no bytes are read."""
     out = {"dtype": dtype, "shape": list(shape), "stride": list(stride), "offset": offset}
+    if isinstance(buffer, str) and buffer == "meta":
+        out["device"] = "meta"  # no storage, no elements
     if conj:
         out["conj"] = True
     if neg:
@@ -157,6 +176,11 @@ def tensor_parts(value):
 def _torch_parts(torch, t):
     if t.layout != torch.strided:
         raise Error(f"save: a {t.layout} tensor; only dense (strided) tensors are written", "write_value_unsupported")
+    name = str(t.dtype).removeprefix("torch.")
+    if t.device.type == "meta":
+        # No storage and no elements: written as torch.save writes it, by its geometry.
+        return ("meta", name, tuple(t.shape), tuple(t.stride()), 0, bool(t.requires_grad),
+                isinstance(t, torch.nn.Parameter), 0)
     if t.device.type != "cpu":
         t = t.detach().cpu()
     # A lazy conj/neg view is written as itself: its storage and its bits, as torch.save does.
@@ -168,7 +192,6 @@ def _torch_parts(torch, t):
     # A uint8 view of the whole storage: tensors sharing it share it in the file.
     whole = torch.empty(0, dtype=torch.uint8).set_(storage)
     buffer = whole.numpy() if storage.nbytes() else bytearray()
-    name = str(t.dtype).removeprefix("torch.")
     return (buffer, name, tuple(t.shape), tuple(t.stride()), t.storage_offset(), requires_grad, is_parameter,
             storage.data_ptr() or id(storage), conj, neg)
 

@@ -21,7 +21,7 @@ import sys
 from typing import Any, Iterator, Mapping, Optional
 
 from . import _native
-from ._convert import TensorFactory, tensor_parts
+from ._convert import TensorFactory, finish_tensor, tensor_parts
 from ._errors import Error
 from ._trust import native_trust
 
@@ -499,15 +499,8 @@ class _InPlaceTensors(TensorFactory):
                     holder = torch.empty(nbytes, dtype=torch.uint8)
                     resume.fill(record, holder.data_ptr(), nbytes, False)
                     self.records[record] = holder
-                target = holder.view(dtype).as_strided(shape, stride, offset)
-                if conj:
-                    target = target.conj()
-                if neg:
-                    target = target._neg_view()
-                if is_parameter:
-                    target = torch.nn.Parameter(target, requires_grad=requires_grad)
-                elif requires_grad:
-                    target.requires_grad_(True)
+                target = finish_tensor(torch, holder.view(dtype).as_strided(shape, stride, offset), conj, neg,
+                                       requires_grad, is_parameter)
             self.filled.add(id(target))
             return target
         if isinstance(value, dict):

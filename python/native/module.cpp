@@ -274,12 +274,14 @@ class ToPython {
       case ValueKind::ordered_dict:
       case ValueKind::set:
       case ValueKind::tensor:
+      case ValueKind::meta_tensor:
       case ValueKind::bytearray: {
         const void* identity = value.node_identity();
         if (const auto found = shared_.find(identity); found != shared_.end()) return found->second;
-        py::object object = value.kind() == ValueKind::tensor      ? tensor(value.as_tensor())
-                            : value.kind() == ValueKind::bytearray ? scalar(value)
-                                                                   : container(value);
+        py::object object = value.kind() == ValueKind::tensor        ? tensor(value.as_tensor())
+                            : value.kind() == ValueKind::meta_tensor ? meta_tensor(value.as_meta_tensor())
+                            : value.kind() == ValueKind::bytearray   ? scalar(value)
+                                                                     : container(value);
         shared_.emplace(identity, object);
         return object;
       }
@@ -379,7 +381,8 @@ class ToPython {
       case ValueKind::floating: return py::float_(value.as_double());
       case ValueKind::string: return py::str(value.as_string());
       case ValueKind::bytes: return py::bytes(value.as_bytes());
-      case ValueKind::tensor: return tensor(value.as_tensor());
+      case ValueKind::tensor:
+      case ValueKind::meta_tensor: return convert(value);
       case ValueKind::complex_number: {
         const std::complex<double> z = value.as_complex();
         return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(z.real(), z.imag()));
@@ -446,6 +449,17 @@ class ToPython {
     }
     return make_tensor_(buffer, py::str(std::string(dtype_name(t.dtype))), shape, stride, t.storage_offset,
                         t.requires_grad, t.is_parameter, t.from_numpy, t.conjugate, t.negative);
+  }
+
+  // A tensor on the meta device: the factory gets "meta" as its buffer.
+  py::object meta_tensor(const TensorData& t) {
+    py::tuple shape(t.sizes.size()), stride(t.strides.size());
+    for (std::size_t d = 0; d < t.sizes.size(); ++d) {
+      shape[d] = py::int_(t.sizes[d]);
+      stride[d] = py::int_(t.strides[d]);
+    }
+    return make_tensor_(py::str("meta"), py::str(std::string(dtype_name(t.dtype))), shape, stride, 0,
+                        t.requires_grad, t.is_parameter, false, false, false);
   }
 
   py::object make_tensor_;
@@ -598,8 +612,20 @@ class FromPython {
   }
 
  private:
-  // (buffer, dtype name, shape, stride, offset, requires_grad, is_parameter, identity[, conj, neg])
+  // (buffer, dtype name, shape, stride, offset, requires_grad, is_parameter, identity[, conj, neg]);
+  // buffer "meta" for a tensor on the meta device (no elements).
   Value tensor(const py::tuple& parts) {
+    if (py::isinstance<py::str>(parts[0]) && parts[0].cast<std::string>() == "meta") {
+      const auto dtype = dtype_from_name(parts[1].cast<std::string>());
+      if (!dtype) throw Error(ErrorCode::write_value_unsupported, "save: dtype " + parts[1].cast<std::string>());
+      TensorData t;
+      t.dtype = *dtype;
+      t.sizes = parts[2].cast<std::vector<std::int64_t>>();
+      t.strides = parts[3].cast<std::vector<std::int64_t>>();
+      t.requires_grad = parts[5].cast<bool>();
+      t.is_parameter = parts[6].cast<bool>();
+      return Value::meta_tensor(std::move(t));
+    }
     py::buffer buffer = parts[0];
     py::buffer_info info = buffer.request();
     const std::size_t nbytes = static_cast<std::size_t>(info.size * info.itemsize);

@@ -8,7 +8,8 @@ complex, str, bytes, bytearray, sets, torch.dtype, torch.Size, torch.device,
 torch.layout); NumPy arrays and scalars (beyond torch's safe loader); tensors of every
 dtype torch.save writes, as views with offsets, transposed and strided, 0-d and empty,
 sharing storages, conjugate and negative views, as nn.Parameters and with
-requires_grad; and the same container or tensor referenced from several places.
+requires_grad; meta tensors (plain, transposed, Parameters); and the same
+container or tensor referenced from several places.
 
 For each tree, both directions are compared strictly:
 - torch.save, then holdpoint.load against torch.load(weights_only=False);
@@ -68,6 +69,13 @@ DTYPES_1_13 = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torc
                torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}
 LAZY_VIEW_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                     torch.int8, torch.complex64, torch.complex128}
+# The dtypes torch 1.13's loader has a global for: a torch.dtype value or a meta
+# tensor of another dtype leaves the 1.13 mode out.
+DTYPE_GLOBALS_1_13 = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                      torch.complex32, torch.complex64, torch.complex128}
+# Meta tensors: no storage, a geometry.
+META_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
+               torch.uint8, torch.bool, torch.complex64, torch.complex128]
 LAYOUTS = [torch.strided, torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc]
 DEVICES = [torch.device("cpu"), torch.device("cuda"), torch.device("cuda", 3), torch.device("meta")]
 SPECIAL_FLOATS = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-310, 1.5, -2.25e300]
@@ -83,6 +91,7 @@ class Generator:
         self.torch_rng = torch.Generator().manual_seed(seed)
         self.containers = []  # mutable containers made so far: candidates to reference again
         self.tensors = []     # tensors made so far: candidates to reference again or to view
+        self.metas = []       # meta tensors made so far: candidates to reference again
         self.arrays = []      # NumPy arrays made so far
         self.v1_13 = True     # whether torch 1.13 could read the tree
         self.numpy = False    # whether the tree holds NumPy arrays
@@ -169,7 +178,10 @@ class Generator:
             self.containers.append(value)
             return value
         if kind == 9:
-            return r.choice(DTYPES[:13])
+            dtype = r.choice(DTYPES[:13])
+            if dtype not in DTYPE_GLOBALS_1_13:
+                self.v1_13 = False
+            return dtype
         if kind == 10:
             return torch.Size([r.randrange(5) for _ in range(r.randrange(4))])
         if kind == 11:
@@ -220,6 +232,8 @@ class Generator:
     # ---- tensors ----
     def tensor(self):
         r = self.rng
+        if r.random() < 0.05:
+            return self.meta_tensor()
         if self.tensors and r.random() < 0.25:
             base = r.choice(self.tensors)
             if r.random() < 0.5:
@@ -262,6 +276,28 @@ class Generator:
                 # (torch's own _rebuild_tensor_v3 cannot load a requires_grad tensor of these)
                 tensor = tensor.detach().requires_grad_(True)
         self.tensors.append(tensor)
+        return tensor
+
+    def meta_tensor(self):
+        """A tensor on the meta device: a geometry and no storage (torch.save keeps
+        no offset, so none is made)."""
+        r = self.rng
+        if self.metas and r.random() < 0.3:
+            return r.choice(self.metas)
+        dtype = r.choice(META_DTYPES)
+        if dtype not in DTYPE_GLOBALS_1_13:
+            self.v1_13 = False
+        shape = [r.randrange(5) for _ in range(r.randrange(4))]
+        tensor = torch.empty(shape, dtype=dtype, device="meta")
+        if r.random() < 0.3 and tensor.dim() >= 2:
+            tensor = tensor.transpose(0, tensor.dim() - 1)
+        if dtype.is_floating_point or dtype.is_complex:
+            choice = r.random()
+            if choice < 0.25:
+                tensor = torch.nn.Parameter(tensor, requires_grad=r.random() < 0.7)
+            elif choice < 0.4:
+                tensor = tensor.requires_grad_(True)
+        self.metas.append(tensor)
         return tensor
 
     def view_of(self, base):
@@ -408,6 +444,8 @@ class Comparer:
             g, w = (g(), w()) if callable(g) else (g, w)
             if g != w:
                 self.fail(where, f"tensor {what} {g}, want {w}")
+        if want.device.type == "meta":
+            return  # no storage: the geometry is the whole tensor
         gs, ws = got.untyped_storage(), want.untyped_storage()
         if gs.nbytes() != ws.nbytes():
             self.fail(where, f"storage of {gs.nbytes()} bytes, want {ws.nbytes()}")
@@ -492,6 +530,8 @@ def check_the_comparer_fails(report):
         "shared storage": ([t[:2], t[:2]], [t.clone()[:2], t.clone()[:2]]),
         "_metadata": (collections.OrderedDict(a=1), od),
         "requires_grad": (t.clone().requires_grad_(), t.clone()),
+        "meta vs cpu": (torch.empty(4, device="meta"), t.clone()),
+        "meta stride": (torch.empty(2, 3, device="meta"), torch.empty(3, 2, device="meta").t()),
     }
     for name, (got, want) in cases.items():
         try:

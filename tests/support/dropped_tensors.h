@@ -37,7 +37,8 @@ inline bool reads_as_dropped(const Value& dropped, const Value& full, bool root 
     case ValueKind::complex_number:
     case ValueKind::device:
     case ValueKind::dtype:
-    case ValueKind::layout: return equal_content(dropped, full);
+    case ValueKind::layout:
+    case ValueKind::meta_tensor: return equal_content(dropped, full);  // no bytes: never dropped
     case ValueKind::list:
     case ValueKind::tuple:
     case ValueKind::set:

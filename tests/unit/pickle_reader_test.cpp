@@ -632,6 +632,167 @@ TEST(PickleWriterTypes, RefusesWhatNoLoaderCouldRead) {
   EXPECT_ERROR_CODE(Value::string("cpu").as_device(), ErrorCode::invalid_argument);
 }
 
+// ==== meta tensors ================================================================================
+
+// _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad), as torch.save writes a
+// tensor on the meta device (pickletools of torch 2.13).
+void meta_tensor(PickleBuilder& p, std::string_view dtype, std::initializer_list<std::int64_t> sizes,
+                 std::initializer_list<std::int64_t> strides, bool requires_grad) {
+  p.global("torch._utils", "_rebuild_meta_tensor_no_storage").mark().global("torch", dtype);
+  p.int_tuple(sizes).int_tuple(strides).boolean(requires_grad).tuple().reduce();
+}
+
+TEST(PickleReaderMeta, ReadsMetaTensorsAndParametersAsTorchSaveWritesThem) {
+  // {"t": a transposed (3, 2) meta view, "p": Parameter(meta (2, 3)), "again": "t" re-referenced}
+  PickleBuilder p;
+  p.proto().empty_dict().mark();
+  p.str("t");
+  meta_tensor(p, "float32", {3, 2}, {1, 3}, false);
+  p.binput(0);
+  p.str("p").global("torch._utils", "_rebuild_parameter");
+  meta_tensor(p, "bfloat16", {2, 3}, {3, 1}, false);
+  p.boolean(true).global("collections", "OrderedDict").empty_tuple().reduce().tuple3().reduce();
+  p.str("again").binget(0);
+  p.setitems().stop();
+  const PickleResult result = read(p);
+  const Dict& d = result.root.as_dict();
+  ASSERT_TRUE(d.at("t").is_meta_tensor());
+  const TensorData& t = d.at("t").as_meta_tensor();
+  EXPECT_EQ(t.dtype, DType::float32);
+  EXPECT_EQ(t.sizes, (std::vector<std::int64_t>{3, 2}));
+  EXPECT_EQ(t.strides, (std::vector<std::int64_t>{1, 3}));
+  EXPECT_FALSE(t.requires_grad || t.is_parameter);
+  EXPECT_EQ(t.storage, nullptr);
+  const TensorData& param = d.at("p").as_meta_tensor();
+  EXPECT_TRUE(param.is_parameter && param.requires_grad);
+  EXPECT_EQ(param.dtype, DType::bfloat16);
+  // One object referenced twice stays one node; element readers never see it.
+  EXPECT_EQ(d.at("again").node_identity(), d.at("t").node_identity());
+  EXPECT_ERROR_CODE(d.at("t").as_tensor(), ErrorCode::invalid_argument);
+  EXPECT_EQ(result.tensor_count, 2u);
+  EXPECT_EQ(typed_scalar_text(d.at("p")), "Parameter(meta, bfloat16, size=[2, 3], stride=[3, 1], requires_grad)");
+}
+
+TEST(PickleReaderMeta, RefusesMalformedMetaTensorsEachWithItsCode) {
+  const auto built = [](const std::function<void(PickleBuilder&)>& body) {
+    PickleBuilder p;
+    p.proto();
+    body(p);
+    p.stop();
+    return p;
+  };
+  const auto args = [&](const std::function<void(PickleBuilder&)>& arguments) {
+    return built([&](PickleBuilder& p) {
+      p.global("torch._utils", "_rebuild_meta_tensor_no_storage");
+      arguments(p);
+      p.reduce();
+    });
+  };
+  // Arity, the dtype and requires_grad's types.
+  EXPECT_ERROR_CODE(read(args([](PickleBuilder& p) { p.global("torch", "float32").empty_tuple().empty_tuple().tuple3(); })),
+                    ErrorCode::pickle_call_args_invalid);
+  EXPECT_ERROR_CODE(read(args([](PickleBuilder& p) {
+                      p.mark().str("float32").empty_tuple().empty_tuple().boolean(false).tuple();
+                    })),
+                    ErrorCode::pickle_call_args_invalid);
+  EXPECT_ERROR_CODE(read(args([](PickleBuilder& p) {
+                      p.mark().global("torch", "float32").empty_tuple().empty_tuple().integer(0).tuple();
+                    })),
+                    ErrorCode::pickle_call_args_invalid);
+  EXPECT_ERROR_CODE(read(args([](PickleBuilder& p) {
+                      p.mark().global("torch", "float32").int_tuple({2}).str("1").boolean(false).tuple();
+                    })),
+                    ErrorCode::pickle_call_args_invalid);
+  // Geometry: ranks that differ, a negative size or stride.
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) { meta_tensor(p, "float32", {2, 3}, {1}, false); })),
+                    ErrorCode::tensor_geometry_invalid);
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) { meta_tensor(p, "float32", {-2}, {1}, false); })),
+                    ErrorCode::tensor_geometry_invalid);
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) { meta_tensor(p, "float32", {2}, {-1}, false); })),
+                    ErrorCode::tensor_geometry_invalid);
+  // More elements than the limit, or than 64 bits count, even with no memory behind them.
+  Limits small;
+  small.max_tensor_numel = 100;
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) { meta_tensor(p, "float32", {11, 10}, {10, 1}, false); }), small),
+                    ErrorCode::tensor_numel_limit);
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) {
+                      meta_tensor(p, "float32", {std::int64_t{1} << 40, std::int64_t{1} << 40}, {1, 1}, false);
+                    })),
+                    ErrorCode::tensor_numel_limit);
+  // An empty meta tensor is fine whatever its other sizes.
+  EXPECT_NO_THROW(read(built([](PickleBuilder& p) {
+    meta_tensor(p, "float32", {0, std::int64_t{1} << 62, std::int64_t{1} << 62}, {1, 1, 1}, false);
+  })));
+  // requires_grad on an integer dtype; and each meta tensor counts against max_tensors.
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) { meta_tensor(p, "int64", {2}, {1}, true); })),
+                    ErrorCode::tensor_requires_grad_invalid);
+  Limits one;
+  one.max_tensors = 1;
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) {
+                      p.empty_list().mark();
+                      meta_tensor(p, "float32", {2}, {1}, false);
+                      meta_tensor(p, "float32", {2}, {1}, false);
+                      p.appends();
+                    }),
+                         one),
+                    ErrorCode::tensor_count_limit);
+  // _rebuild_parameter of a requires_grad integer meta tensor.
+  EXPECT_ERROR_CODE(read(built([](PickleBuilder& p) {
+                      p.global("torch._utils", "_rebuild_parameter");
+                      meta_tensor(p, "int32", {2}, {1}, false);
+                      p.boolean(true).global("collections", "OrderedDict").empty_tuple().reduce().tuple3().reduce();
+                    })),
+                    ErrorCode::tensor_requires_grad_invalid);
+}
+
+TEST(PickleReaderMeta, MetaTensorsRoundTripThroughTheWriterInBothModes) {
+  TensorData plain;
+  plain.dtype = DType::float16;
+  plain.sizes = std::vector<std::int64_t>{4, 0, 5};
+  plain.strides = std::vector<std::int64_t>{5, 5, 1};
+  TensorData parameter;
+  parameter.dtype = DType::float32;
+  parameter.sizes = std::vector<std::int64_t>{3};
+  parameter.strides = std::vector<std::int64_t>{1};
+  parameter.is_parameter = true;
+  parameter.requires_grad = true;
+  const Value shared = Value::meta_tensor(parameter);
+  Dict entries;
+  entries.insert("plain", Value::meta_tensor(plain));
+  entries.insert("parameter", shared);
+  entries.insert("tied", shared);
+  const Value root = Value::dict(std::move(entries));
+  for (bool compatible : {false, true}) {
+    SCOPED_TRACE(compatible ? "1.13 mode" : "default");
+    PickleWriteOptions options;
+    options.torch_1_13_compatible = compatible;
+    const PickleWriteResult written = write_pickle(root, options);
+    EXPECT_TRUE(written.storages.empty());
+    MemoryStorages storages;
+    const Value back = read_pickle(written.pickle, storages, Limits{}).root;
+    EXPECT_EQ(describe_difference(root, back), "");
+    EXPECT_EQ(back.as_dict().at("tied").node_identity(), back.as_dict().at("parameter").node_identity());
+  }
+  // torch 1.13 allowlists ten dtypes as globals: a bool meta tensor is refused in that mode.
+  TensorData flags;
+  flags.dtype = DType::boolean;
+  PickleWriteOptions old;
+  old.torch_1_13_compatible = true;
+  EXPECT_ERROR_CODE(write_pickle(Value::meta_tensor(flags), old), ErrorCode::write_value_unsupported);
+  EXPECT_ERROR_CODE(write_pickle(Value::dtype(DType::boolean), old), ErrorCode::write_value_unsupported);
+  EXPECT_NO_THROW(write_pickle(Value::meta_tensor(flags)));
+  // A meta tensor differs from another by any of its fields.
+  TensorData other = plain;
+  other.strides = std::vector<std::int64_t>{1, 4, 4};
+  EXPECT_NE(describe_difference(Value::meta_tensor(plain), Value::meta_tensor(other)), "");
+  // The constructor refuses what a meta tensor cannot have.
+  TensorData stored = TensorData::from_bytes(DType::uint8, {1}, std::as_bytes(std::span("x", 1)));
+  EXPECT_ERROR_CODE(Value::meta_tensor(stored), ErrorCode::invalid_argument);
+  TensorData ragged = plain;
+  ragged.strides = std::vector<std::int64_t>{1};
+  EXPECT_ERROR_CODE(Value::meta_tensor(ragged), ErrorCode::invalid_argument);
+}
+
 // ==== NumPy values, read as data =============================================================
 
 // numpy.dtype(code, False, True) BUILD (3, order, None, None, None, -1, -1, 0), as NumPy writes it.
@@ -1043,7 +1204,6 @@ TEST(PickleReader, RejectsGlobalsOutsideTheAllowlist) {
       {"torch._utils", "_rebuild_tensor"},
       {"torch._utils", "_rebuild_sparse_tensor"},
       {"torch._utils", "_rebuild_qtensor"},
-      {"torch._utils", "_rebuild_meta_tensor_no_storage"},
       {"torch._utils", "_rebuild_parameter_with_state"},
       {"torch.nn.parameter", "Parameter"},
       {"numpy", "load"},
@@ -1620,6 +1780,9 @@ void render(const Value& value, std::string& out, std::unordered_map<const void*
     case ValueKind::device:
     case ValueKind::dtype:
     case ValueKind::layout: out += typed_scalar_text(value); break;
+    case ValueKind::meta_tensor:
+      out += "t" + std::to_string(number(&value.as_meta_tensor())) + typed_scalar_text(value);
+      break;
     case ValueKind::list:
     case ValueKind::tuple:
     case ValueKind::set:

@@ -64,7 +64,8 @@ class StructureText {
       case ValueKind::complex_number:
       case ValueKind::device:
       case ValueKind::dtype:
-      case ValueKind::layout: out_ << typed_scalar_text(value); break;
+      case ValueKind::layout:
+      case ValueKind::meta_tensor: out_ << typed_scalar_text(value); break;
       case ValueKind::list:
       case ValueKind::tuple:
       case ValueKind::set:

@@ -66,7 +66,8 @@ std::string scalar_text(const Value& value) {
     case ValueKind::complex_number:
     case ValueKind::device:
     case ValueKind::dtype:
-    case ValueKind::layout: return typed_scalar_text(value);
+    case ValueKind::layout:
+    case ValueKind::meta_tensor: return typed_scalar_text(value);
     default: return {};
   }
 }

@@ -87,6 +87,18 @@ class Encoder {
         for (const Value& item : value.as_list()) dims.push_back(std::to_string(item.as_int()));
         return ordered_json{{"size", std::move(dims)}};
       }
+      case ValueKind::meta_tensor: {
+        // A tensor's fields with device "meta" and no offset, storage or elements.
+        const TensorData& tensor = value.as_meta_tensor();
+        ordered_json out;
+        out["device"] = "meta";
+        out["dtype"] = std::string(dtype_name(tensor.dtype));
+        out["shape"] = tensor.sizes;
+        out["stride"] = tensor.strides;
+        out["requires_grad"] = tensor.requires_grad;
+        out["parameter"] = tensor.is_parameter;
+        return ordered_json{{"tensor", std::move(out)}};
+      }
     }
     return nullptr;
   }

@@ -251,6 +251,12 @@ enum class ValueKind : std::uint8_t {
   // torch.layout: its name, as torch.serialization._get_layout takes it
   // ("torch.strided", "torch.sparse_coo", ...).
   layout,
+  // A tensor on torch's "meta" device: a dtype, sizes, strides and
+  // requires_grad (maybe an nn.Parameter), and no elements, as
+  // torch._utils._rebuild_meta_tensor_no_storage rebuilds it. Its TensorData
+  // has no storage (and offset 0); as_tensor() refuses it, so code that reads
+  // elements never meets one.
+  meta_tensor,
 };
 
 std::string_view value_kind_name(ValueKind kind) noexcept;
@@ -270,9 +276,10 @@ class Value;
 // those. Readers and writers refuse any other item.
 bool valid_set_item(const Value& value) noexcept;
 
-// How messages and listings print a complex, torch.device, torch.dtype or
-// torch.layout value: "complex(1, -2)", "device('cuda:1')", "torch.float16",
-// "torch.strided". Throws Error(invalid_argument) for any other kind.
+// How messages and listings print a complex, torch.device, torch.dtype,
+// torch.layout or meta tensor value: "complex(1, -2)", "device('cuda:1')",
+// "torch.float16", "torch.strided", "tensor(meta, float32, size=[2, 3],
+// stride=[3, 1])". Throws Error(invalid_argument) for any other kind.
 std::string typed_scalar_text(const class Value& value);
 
 // The decimal text of a big_integer's bytes ("-340282366920938463463374607431768211456").
@@ -412,6 +419,10 @@ class Value {
   // the NumPy type back. Everything else (equal_content, digests, writers)
   // sees the plain value: numpy.int64(1) == 1, as in Python.
   static Value numpy_scalar(DType dtype, Value plain);
+  // A meta tensor (ValueKind::meta_tensor): `tensor`'s dtype, sizes, strides,
+  // requires_grad and is_parameter; it must have no storage, no offset and no
+  // conj/neg/NumPy marks (Error(invalid_argument) otherwise).
+  static Value meta_tensor(TensorData tensor);
 
   ValueKind kind() const noexcept { return kind_; }
   // The NumPy dtype of a value read from a NumPy scalar; nullopt otherwise.
@@ -438,6 +449,7 @@ class Value {
   bool is_dtype() const noexcept { return kind_ == ValueKind::dtype; }
   bool is_size() const noexcept { return kind_ == ValueKind::size; }
   bool is_layout() const noexcept { return kind_ == ValueKind::layout; }
+  bool is_meta_tensor() const noexcept { return kind_ == ValueKind::meta_tensor; }
 
   // Accessors throw Error(invalid_argument) naming both kinds on a mismatch.
   bool as_bool() const;
@@ -457,6 +469,8 @@ class Value {
   const List& as_list() const;  // list, tuple, set or torch.Size (a tuple of ints)
   const Dict& as_dict() const;  // dict or ordered dict
   const TensorData& as_tensor() const;
+  // A meta tensor's geometry (its storage is null).
+  const TensorData& as_meta_tensor() const;
   const std::shared_ptr<const TensorData>& tensor_ptr() const;
 
   // Builders: mutable access to a list or dict this Value holds.
@@ -497,8 +511,9 @@ inline const Dict::Entry& Dict::at_index(std::size_t i) const { return entries_.
 
 // Deep structural equality: same kinds, same keys in the same order, equal
 // scalars (doubles compared bitwise, so NaN == NaN), tensors with equal dtype,
-// sizes, requires_grad, conj/neg bits and logical elements (bitwise). Strides, offsets and
-// storage sharing are not compared; use same_storage_layout for that.
+// sizes, requires_grad, conj/neg bits and logical elements (bitwise), meta tensors with
+// equal dtype, sizes, strides, requires_grad and parameter-ness. Strides, offsets and
+// storage sharing of other tensors are not compared; use same_storage_layout for that.
 bool equal_content(const Value& a, const Value& b);
 
 // Explains the first difference equal_content finds ("['model']['w']: sizes [2] vs [3]"),

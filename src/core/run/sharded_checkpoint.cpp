@@ -110,7 +110,8 @@ void fingerprint_value(Sha256& hasher, const Value& value, const StorageTable& t
     case ValueKind::complex_number:
     case ValueKind::device:
     case ValueKind::dtype:
-    case ValueKind::layout: text(typed_scalar_text(value)); return;
+    case ValueKind::layout:
+    case ValueKind::meta_tensor: text(typed_scalar_text(value)); return;
     case ValueKind::set:
     case ValueKind::size:
       u64(value.as_list().size());

@@ -555,6 +555,7 @@ class DigestEncoder {
       case ValueKind::device: tag('D'); text(value.as_device()); return;
       case ValueKind::dtype: tag('y'); text(dtype_name(value.as_dtype())); return;
       case ValueKind::layout: tag('L'); text(value.as_layout()); return;
+      case ValueKind::meta_tensor: tag('m'); text(typed_scalar_text(value)); return;
       case ValueKind::set:
       case ValueKind::size:
         tag(value.is_set() ? 'S' : 'z');

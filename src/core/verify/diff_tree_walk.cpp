@@ -46,7 +46,8 @@ std::string value_text(const Value& value) {
     case ValueKind::complex_number:
     case ValueKind::device:
     case ValueKind::dtype:
-    case ValueKind::layout: return typed_scalar_text(value);
+    case ValueKind::layout:
+    case ValueKind::meta_tensor: return typed_scalar_text(value);
   }
   return {};
 }
@@ -211,6 +212,7 @@ class TreeWalk {
       case ValueKind::device:
       case ValueKind::dtype:
       case ValueKind::layout:
+      case ValueKind::meta_tensor:
         if (!equal_content(a, b)) add(entry(path, where, DiffChange::value_changed, value_text(a), value_text(b)));
         return;
     }

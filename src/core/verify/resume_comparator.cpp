@@ -225,6 +225,7 @@ class StateWalker {
       case ValueKind::device:
       case ValueKind::dtype:
       case ValueKind::layout:
+      case ValueKind::meta_tensor:
         exact_text(typed_scalar_text(expected), typed_scalar_text(actual), here);
         return;
       case ValueKind::list:

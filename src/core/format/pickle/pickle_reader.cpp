@@ -65,6 +65,7 @@ enum class GlobalKind : std::uint8_t {
   rebuild_tensor_v2,
   rebuild_tensor_v3,
   rebuild_parameter,
+  rebuild_meta_tensor,   // _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)
   codecs_encode,
   empty_bytes,           // bytes(): how pickle protocol 2 writes b'' (a NumPy empty array's data)
   storage_type,          // torch.<X>Storage: a persistent-id tag, never called
@@ -264,6 +265,7 @@ std::string global_name(const GlobalRef& global) {
     case GlobalKind::rebuild_tensor_v2: return "torch._utils._rebuild_tensor_v2";
     case GlobalKind::rebuild_tensor_v3: return "torch._utils._rebuild_tensor_v3";
     case GlobalKind::rebuild_parameter: return "torch._utils._rebuild_parameter";
+    case GlobalKind::rebuild_meta_tensor: return "torch._utils._rebuild_meta_tensor_no_storage";
     case GlobalKind::codecs_encode: return "_codecs.encode";
     case GlobalKind::empty_bytes: return "builtins.bytes";
     case GlobalKind::storage_type: return "torch." + std::string(*dtype_storage_class(global.dtype));
@@ -710,6 +712,7 @@ class Machine {
                    Dims sizes, Dims strides, bool conjugate = false, bool negative = false);
   void read_tensor_metadata(const Item& metadata, DType dtype, bool& conjugate, bool& negative) const;
   Item reduce_parameter(const Item& args);
+  Item reduce_meta_tensor(const Item& args);
   Item reduce_numpy_dtype(const Item& args);
   Item reduce_numpy_reconstruct(const Item& args);
   Item reduce_numpy_scalar(const Item& args);
@@ -1449,6 +1452,7 @@ GlobalRef Machine::resolve_global(std::string_view module, std::string_view name
     if (name == "_rebuild_tensor_v2") return {GlobalKind::rebuild_tensor_v2, kNoDType, 0};
     if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3, kNoDType, 0};
     if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType, 0};
+    if (name == "_rebuild_meta_tensor_no_storage") return {GlobalKind::rebuild_meta_tensor, kNoDType, 0};
   }
   if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType, 0};
   if ((module == "__builtin__" || module == "builtins") && name == "bytes") return {GlobalKind::empty_bytes, kNoDType, 0};
@@ -1691,6 +1695,7 @@ void Machine::do_reduce() {
     case GlobalKind::rebuild_tensor_v2: push(reduce_tensor(args, false)); return;
     case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(args, true)); return;
     case GlobalKind::rebuild_parameter: push(reduce_parameter(args)); return;
+    case GlobalKind::rebuild_meta_tensor: push(reduce_meta_tensor(args)); return;
     case GlobalKind::codecs_encode: push(reduce_codecs_encode(args)); return;
     case GlobalKind::empty_bytes: push(reduce_empty_bytes(args)); return;
     case GlobalKind::numpy_dtype: push(reduce_numpy_dtype(args)); return;
@@ -2019,20 +2024,76 @@ Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64
   return value_item(Value::tensor(std::move(tensor)));
 }
 
-// _rebuild_parameter(tensor, requires_grad, OrderedDict()): nn.Parameter.
+// _rebuild_parameter(tensor, requires_grad, OrderedDict()): nn.Parameter, of a
+// tensor or a meta tensor.
 Item Machine::reduce_parameter(const Item& args) {
   const bool triple = tuple_size(args) == 3;
-  if (!triple || value_kind(element(args, 0)) != ValueKind::tensor || element(args, 1).kind != ItemKind::boolean) {
+  const auto data_kind = triple ? value_kind(element(args, 0)) : std::nullopt;
+  if ((data_kind != ValueKind::tensor && data_kind != ValueKind::meta_tensor) ||
+      element(args, 1).kind != ItemKind::boolean) {
     error(ErrorCode::pickle_call_args_invalid, "_rebuild_parameter takes exactly (Tensor, bool, OrderedDict())");
   }
   check_hooks(element(args, 2), "backward_hooks");
-  TensorData parameter = values_[element(args, 0).index].as_tensor();
+  const Value& data = values_[element(args, 0).index];
+  TensorData parameter = data.is_tensor() ? data.as_tensor() : data.as_meta_tensor();
   parameter.is_parameter = true;
   parameter.requires_grad = element(args, 1).boolean;
   if (parameter.requires_grad && !dtype_is_differentiable(parameter.dtype)) {
     error(ErrorCode::tensor_requires_grad_invalid, "requires_grad on a ", dtype_name(parameter.dtype), " parameter");
   }
-  return value_item(Value::tensor(std::move(parameter)));
+  return value_item(data.is_tensor() ? Value::tensor(std::move(parameter)) : Value::meta_tensor(std::move(parameter)));
+}
+
+// _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad): a tensor
+// on the meta device, which has a geometry and no elements. The geometry is
+// checked as a stored tensor's is, but no storage bounds it: it holds nothing.
+Item Machine::reduce_meta_tensor(const Item& args) {
+  constexpr const char* kCallable = "_rebuild_meta_tensor_no_storage";
+  if (tuple_size(args) != 4) {
+    error(ErrorCode::pickle_call_args_invalid, kCallable, " takes (dtype, size, stride, requires_grad), not ",
+          tuple_size(args), " arguments");
+  }
+  const Item& dtype_tag = element(args, 0);
+  if (dtype_tag.kind != ItemKind::global || dtype_tag.global.kind != GlobalKind::dtype) {
+    error(ErrorCode::pickle_call_args_invalid, kCallable, "'s argument 0 is a ", describe(dtype_tag),
+          ", not a torch dtype");
+  }
+  const Item& requires_grad = element(args, 3);
+  if (requires_grad.kind != ItemKind::boolean) {
+    error(ErrorCode::pickle_call_args_invalid, "requires_grad is a ", describe(requires_grad), ", not a bool");
+  }
+  TensorData tensor;
+  tensor.dtype = dtype_tag.global.dtype;
+  tensor.sizes = int_tuple(element(args, 1), "size");
+  tensor.strides = int_tuple(element(args, 2), "stride");
+  tensor.requires_grad = requires_grad.boolean;
+  if (tensor.sizes.size() != tensor.strides.size()) {
+    error(ErrorCode::tensor_geometry_invalid, "size has ", tensor.sizes.size(), " dimensions, stride ",
+          tensor.strides.size());
+  }
+  std::uint64_t numel = 1;
+  bool overflow = false;
+  for (std::size_t d = 0; d < tensor.sizes.size(); ++d) {
+    if (tensor.sizes[d] < 0 || tensor.strides[d] < 0) {
+      error(ErrorCode::tensor_geometry_invalid, "dimension ", d, " has size ", tensor.sizes[d], " and stride ",
+            tensor.strides[d]);
+    }
+    const auto product = checked_mul<std::uint64_t>(numel, static_cast<std::uint64_t>(tensor.sizes[d]));
+    overflow = overflow || !product;
+    numel = product.value_or(0);
+  }
+  const bool empty = std::find(tensor.sizes.begin(), tensor.sizes.end(), 0) != tensor.sizes.end();
+  if (!empty && overflow) error(ErrorCode::tensor_numel_limit, "the element count overflows 64 bits");
+  if (!empty && numel > limits_.max_tensor_numel) {
+    error(ErrorCode::tensor_numel_limit, numel, " elements exceed max_tensor_numel ", limits_.max_tensor_numel);
+  }
+  if (tensor.requires_grad && !dtype_is_differentiable(tensor.dtype)) {
+    error(ErrorCode::tensor_requires_grad_invalid, "requires_grad on a ", dtype_name(tensor.dtype), " tensor");
+  }
+  if (++tensor_count_ > limits_.max_tensors) {
+    error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " tensors");
+  }
+  return value_item(Value::meta_tensor(std::move(tensor)));
 }
 
 // ---- BUILD ------------------------------------------------------------------------------

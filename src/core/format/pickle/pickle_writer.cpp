@@ -60,6 +60,7 @@ class Emitter {
   void count_tensor_uses(const Value& value, std::uint32_t level) {
     switch (value.kind()) {
       case ValueKind::tensor: ++tensor_uses_[value.tensor_ptr().get()]; return;
+      case ValueKind::meta_tensor: ++tensor_uses_[&value.as_meta_tensor()]; return;
       case ValueKind::bytearray: ++container_uses_[value.node_identity()]; return;
       case ValueKind::list:
       case ValueKind::tuple:
@@ -350,6 +351,16 @@ class Emitter {
     if (!dtype_in_torch(dtype)) {
       fail(ErrorCode::write_value_unsupported, "pickle writer: torch has no ", dtype_name(dtype), " dtype");
     }
+    // torch 1.13's weights_only loader allowlists ten dtypes as globals.
+    static constexpr DType kTorch113Dtypes[] = {DType::complex32, DType::complex64, DType::complex128,
+                                                DType::float16,   DType::float32,   DType::float64,
+                                                DType::int8,      DType::int16,     DType::int32,
+                                                DType::int64};
+    if (options_.torch_1_13_compatible &&
+        std::find(std::begin(kTorch113Dtypes), std::end(kTorch113Dtypes), dtype) == std::end(kTorch113Dtypes)) {
+      fail(ErrorCode::write_value_unsupported, "pickle writer: torch 1.13's weights_only loader cannot read torch.",
+           dtype_name(dtype), " as a value (it allowlists only the complex, float and signed int dtypes)");
+    }
     emit_global("torch", dtype_name(dtype));
   }
 
@@ -622,6 +633,45 @@ class Emitter {
     }
   }
 
+  // _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad), in
+  // _rebuild_parameter(...) for an nn.Parameter, as torch.save writes a tensor
+  // on the meta device.
+  void emit_meta_tensor(const TensorData& tensor) {
+    if (auto found = tensor_memo_.find(&tensor); found != tensor_memo_.end()) {
+      emit_memo_get(found->second);
+      return;
+    }
+    if (tensor.sizes.size() > options_.limits.max_tensor_rank) {
+      fail(ErrorCode::tensor_rank_limit, "pickle writer: a meta tensor of rank ", tensor.sizes.size(),
+           " exceeds max_tensor_rank ", options_.limits.max_tensor_rank);
+    }
+    if (tensor.requires_grad && !dtype_is_differentiable(tensor.dtype)) {
+      fail(ErrorCode::tensor_requires_grad_invalid, "pickle writer: requires_grad on a ", dtype_name(tensor.dtype),
+           " meta tensor");
+    }
+    if (tensor.is_parameter) emit_global("torch._utils", "_rebuild_parameter");
+    emit_global("torch._utils", "_rebuild_meta_tensor_no_storage");
+    put(op::MARK);
+    emit_dtype(tensor.dtype);
+    emit_int_tuple(tensor.sizes);
+    emit_int_tuple(tensor.strides);
+    emit_bool(tensor.is_parameter ? false : tensor.requires_grad);
+    put(op::TUPLE);
+    put(op::REDUCE);
+    if (tensor.is_parameter) {
+      emit_bool(tensor.requires_grad);
+      emit_empty_ordered_dict();
+      put(op::TUPLE3);
+      put(op::REDUCE);
+    }
+    ++tensor_count_;
+    if (tensor_uses_[&tensor] > 1) {
+      const std::uint32_t index = memo_count_++;
+      tensor_memo_.emplace(&tensor, index);
+      emit_memo_put(index);
+    }
+  }
+
   void emit(const Value& value, std::uint32_t level) {
     switch (value.kind()) {
       case ValueKind::none: put(op::NONE); return;
@@ -643,6 +693,7 @@ class Emitter {
       case ValueKind::dtype: emit_dtype(value.as_dtype()); return;
       case ValueKind::size: emit_size(value.as_list()); return;
       case ValueKind::layout: emit_layout(value.as_layout()); return;
+      case ValueKind::meta_tensor: emit_meta_tensor(value.as_meta_tensor()); return;
     }
     fail(ErrorCode::write_value_unsupported, "pickle writer: unknown value kind");
   }

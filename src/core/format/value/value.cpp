@@ -224,6 +224,7 @@ std::string_view value_kind_name(ValueKind kind) noexcept {
     case ValueKind::dtype: return "torch.dtype";
     case ValueKind::size: return "torch.Size";
     case ValueKind::layout: return "torch.layout";
+    case ValueKind::meta_tensor: return "meta Tensor";
   }
   return "unknown";
 }
@@ -593,6 +594,16 @@ Value Value::tensor(std::shared_ptr<const TensorData> tensor) {
   if (!tensor) fail(ErrorCode::invalid_argument, "Value::tensor: null tensor");
   return Value(ValueKind::tensor, std::move(tensor));
 }
+Value Value::meta_tensor(TensorData tensor) {
+  if (tensor.storage || tensor.storage_offset != 0 || tensor.conjugate || tensor.negative || tensor.from_numpy) {
+    fail(ErrorCode::invalid_argument, "Value::meta_tensor: a meta tensor has no storage, offset, conj/neg bits or NumPy origin");
+  }
+  if (tensor.sizes.size() != tensor.strides.size()) {
+    fail(ErrorCode::invalid_argument, "Value::meta_tensor: ", tensor.sizes.size(), " sizes but ", tensor.strides.size(),
+         " strides");
+  }
+  return Value(ValueKind::meta_tensor, std::make_shared<const TensorData>(std::move(tensor)));
+}
 Value Value::complex_number(std::complex<double> v) { return Value(ValueKind::complex_number, v); }
 Value Value::numpy_scalar(DType dtype, Value plain) {
   switch (plain.kind()) {
@@ -661,6 +672,12 @@ std::string typed_scalar_text(const Value& value) {
     case ValueKind::device: return "device('" + value.as_device() + "')";
     case ValueKind::dtype: return "torch." + std::string(dtype_name(value.as_dtype()));
     case ValueKind::layout: return value.as_layout();
+    case ValueKind::meta_tensor: {
+      const TensorData& t = value.as_meta_tensor();
+      return std::string(t.is_parameter ? "Parameter" : "tensor") + "(meta, " + std::string(dtype_name(t.dtype)) +
+             ", size=" + shape_text(t.sizes) + ", stride=" + shape_text(t.strides) +
+             (t.requires_grad ? ", requires_grad" : "") + ")";
+    }
     default: break;
   }
   fail(ErrorCode::invalid_argument, "typed_scalar_text: a ", value_kind_name(value.kind()));
@@ -779,6 +796,11 @@ const Dict& Value::as_dict() const {
 
 const TensorData& Value::as_tensor() const { return *tensor_ptr(); }
 
+const TensorData& Value::as_meta_tensor() const {
+  if (kind_ != ValueKind::meta_tensor) wrong_kind(kind_, "meta Tensor");
+  return *std::get<std::shared_ptr<const TensorData>>(node_);
+}
+
 const std::shared_ptr<const TensorData>& Value::tensor_ptr() const {
   if (kind_ != ValueKind::tensor) wrong_kind(kind_, "Tensor");
   return std::get<std::shared_ptr<const TensorData>>(node_);
@@ -892,6 +914,19 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
       if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
       if (x.conjugate != y.conjugate || x.negative != y.negative) return where + ": conj/neg view bits differ";
       if (x.contiguous_bytes() != y.contiguous_bytes()) return where + ": tensor elements differ";
+      return {};
+    }
+    case ValueKind::meta_tensor: {
+      const TensorData& x = a.as_meta_tensor();
+      const TensorData& y = b.as_meta_tensor();
+      if (x.dtype != y.dtype) {
+        return where + ": dtype " + std::string(dtype_name(x.dtype)) + " vs " + std::string(dtype_name(y.dtype));
+      }
+      if (x.sizes != y.sizes) return where + ": sizes " + shape_text(x.sizes) + " vs " + shape_text(y.sizes);
+      // A meta tensor is nothing but its geometry: the strides are its content.
+      if (x.strides != y.strides) return where + ": strides " + shape_text(x.strides) + " vs " + shape_text(y.strides);
+      if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
+      if (x.is_parameter != y.is_parameter) return where + ": nn.Parameter vs plain meta tensor";
       return {};
     }
   }
