@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Union, cast
 
 from ._errors import Error
 from . import _native
-from ._convert import TensorFactory, TensorInfo, describe_tensor, tensor_parts
+from ._convert import COMPAT_MODES, TensorFactory, TensorInfo, as_plain_data, describe_tensor, tensor_parts
 from ._training import Generators, Progress, RandomSampler, SequentialSampler, TrainingState, plain_spec
 from ._trust import TrustPolicy, native_trust
 
@@ -58,7 +58,7 @@ def _path(path: PathLike) -> str:
 
 def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
                    tensors: str = "auto", trust: Optional[TrustPolicy] = None,
-                   compute_sha256: bool = False) -> tuple[Any, dict]:
+                   compute_sha256: bool = False, compat: Optional[str] = None) -> tuple[Any, dict]:
     """Like :func:`load`, and also returns what was checked: ``{"format", "sha256",
     "digest_checked", "bytes", "warnings"}``. ``sha256`` is the file's digest
     where one was computed: always with ``expected_sha256`` or ``trust``
@@ -67,15 +67,17 @@ def load_with_info(path: PathLike, *, expected_sha256: Optional[str] = None, lim
     A ``torch.distributed.checkpoint`` folder reads as :func:`load` reads it,
     with format ``"torch.distributed.checkpoint"``, no ``"bytes"`` and
     ``sha256`` None."""
+    if compat not in COMPAT_MODES:
+        raise Error(f"compat must be one of {COMPAT_MODES}, not {compat!r}", "invalid_argument")
     if _native.is_distributed_checkpoint(_path(path)):
         _refuse_digest_of_folder(path, expected_sha256, trust)
         root = load_distributed_checkpoint(path, limits=limits, tensors=tensors)
-        return root, _folder_info()
+        return (as_plain_data(root) if compat else root), _folder_info()
     root, info = _native.load(_path(path), expected_sha256, dict(limits) if limits else None, TensorFactory(tensors),
                               native_trust(trust), compute_sha256)
     if info["format"] == "safetensors":
         root = dict(root)  # as safetensors.torch.load_file returns it
-    return root, info
+    return (as_plain_data(root) if compat else root), info
 
 
 def _refuse_digest_of_folder(path: PathLike, expected_sha256: Optional[str], trust: Optional[TrustPolicy],
@@ -92,7 +94,7 @@ def _folder_info() -> dict:
 
 
 def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optional[Limits] = None,
-         tensors: str = "auto", trust: Optional[TrustPolicy] = None) -> Any:
+         tensors: str = "auto", trust: Optional[TrustPolicy] = None, compat: Optional[str] = None) -> Any:
     """Reads a checkpoint (a torch.save zip, a pre-1.6 torch.save stream, a
     safetensors file, or a ``torch.distributed.checkpoint`` folder: see
     :func:`load_distributed_checkpoint`) with holdpoint's restricted reader and
@@ -121,12 +123,17 @@ def load(path: PathLike, *, expected_sha256: Optional[str] = None, limits: Optio
       default) gives torch tensors when torch is installed and NumPy arrays
       otherwise. Arrays NumPy pickled (a NumPy RNG state) come back as NumPy
       arrays either way.
+    - ``compat="data"``: torch's and NumPy's value types in their plain forms, for
+      code written against them: a ``torch.dtype``, ``device`` or ``layout`` as its
+      str, a ``torch.Size`` as a tuple, a NumPy scalar as a Python scalar.
+      Containers, their sharing and tensors are unchanged.
 
     Tensors view the load's private copy of the file without copying; it is freed
     when the last of them is. Raises :class:`Error` (``.code`` names the reason)
     for anything the reader refuses.
     """
-    return load_with_info(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors, trust=trust)[0]
+    return load_with_info(path, expected_sha256=expected_sha256, limits=limits, tensors=tensors, trust=trust,
+                          compat=compat)[0]
 
 
 def load_distributed_checkpoint(folder: PathLike, *, limits: Optional[Limits] = None, tensors: str = "auto",

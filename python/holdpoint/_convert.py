@@ -206,3 +206,58 @@ def _numpy_parts(np, a):
     stride = tuple(s // itemsize for s in a.strides)
     buffer = a.reshape(-1).view(np.uint8) if a.size else bytearray()
     return (buffer, a.dtype.name, tuple(a.shape), stride, 0, False, False, a.__array_interface__["data"][0] or id(a))
+
+
+COMPAT_MODES = (None, "data")
+
+
+def as_plain_data(value):
+    """``compat="data"``: the plain forms of torch's and NumPy's value types, as
+    holdpoint returned them before it returned the types themselves: a
+    ``torch.dtype``, ``torch.device`` or ``torch.layout`` as its str
+    (``"torch.float16"``, ``"cuda:1"``, ``"torch.strided"``), a ``torch.Size`` as a
+    tuple of ints, a NumPy scalar as the Python scalar ``.item()`` gives. Containers
+    keep their type (an OrderedDict its ``_metadata``) and their sharing; tensors
+    and arrays are returned as they are."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    done: dict[int, Any] = {}
+
+    def plain(item):
+        if torch is not None:
+            if isinstance(item, torch.Size):
+                return tuple(int(d) for d in item)
+            if isinstance(item, (torch.dtype, torch.device, torch.layout)):
+                return str(item)
+            if isinstance(item, torch.Tensor):
+                return item
+        if np is not None:
+            if isinstance(item, np.ndarray):
+                return item
+            if isinstance(item, np.generic):
+                return item.item()
+        if not isinstance(item, (dict, list, tuple, set)):
+            return item
+        if id(item) in done:
+            return done[id(item)]
+        if isinstance(item, dict):
+            out = type(item)()
+            done[id(item)] = out
+            for key, entry in item.items():
+                out[plain(key)] = plain(entry)
+            if hasattr(item, "_metadata"):
+                out._metadata = plain(item._metadata)
+        elif isinstance(item, list):
+            out = []
+            done[id(item)] = out
+            out.extend(plain(entry) for entry in item)
+        elif isinstance(item, set):
+            out = {plain(entry) for entry in item}
+            done[id(item)] = out
+        else:  # a tuple: immutable, so its items are converted before it exists
+            out = tuple(plain(entry) for entry in item)
+            done[id(item)] = out
+        return out
+
+    return plain(value)
+

@@ -12,6 +12,7 @@ holding something Python could not hash or a file could not name, and malformed 
 in hand-made pickles.
 """
 
+import collections
 import os
 import sys
 import tempfile
@@ -103,6 +104,38 @@ def check_torch_to_holdpoint(report, tmp):
     # The point of returning torch's own types: code that uses them works.
     report.check(torch.zeros(2, dtype=got["config"]["dtype"]).dtype == torch.float16, "dtype is not usable as one")
     report.check(torch.zeros(got["config"]["size"]).shape == (2, 3), "torch.Size is not usable as one")
+
+
+def check_compat_data(report, tmp):
+    """compat="data": the plain forms, everything else (types of containers, sharing,
+    tensors) as the default load gives it; an unknown mode is refused."""
+    shared = [torch.float16]
+    od = collections.OrderedDict(dtype=torch.int8)
+    od._metadata = {"": {"version": 1}}
+    value = {"dtype": torch.bfloat16, "size": torch.Size([2, 3]), "device": torch.device("cuda", 1),
+             "layout": torch.sparse_csr, "np": np.float32(1.5), "np_big": np.uint64(2**64 - 1),
+             "shared": shared, "again": shared, "od": od,
+             "set": {torch.float32, 3}, "w": torch.arange(3.0), "plain": 1.25}
+    path = saved_by_torch(tmp, "compat", value)
+    got = holdpoint.load(path, compat="data")
+    want = {"dtype": "torch.bfloat16", "size": (2, 3), "device": "cuda:1", "layout": "torch.sparse_csr",
+            "np": 1.5, "np_big": 2**64 - 1, "shared": ["torch.float16"], "again": ["torch.float16"],
+            "od": collections.OrderedDict(dtype="torch.int8"),
+            "set": {"torch.float32", 3}, "plain": 1.25}
+    for key, expected in want.items():
+        report.check(same(got[key], expected), f"compat='data': {key} is {got[key]!r} ({type(got[key]).__name__}), "
+                                               f"want {expected!r}")
+    report.check(got["shared"] is got["again"], "compat='data': a shared list stays one object")
+    report.check(getattr(got["od"], "_metadata", None) == {"": {"version": 1}}, "compat='data': _metadata kept")
+    report.check(torch.equal(got["w"], value["w"]) and isinstance(got["w"], torch.Tensor),
+                 "compat='data': tensors are unchanged")
+    info_root, info = holdpoint.load_with_info(path, compat="data")
+    report.check(info_root["dtype"] == "torch.bfloat16" and info["format"] == "pytorch_zip",
+                 f"load_with_info(compat='data'): {info_root['dtype']!r}, {info['format']!r}")
+    default = holdpoint.load(path)
+    report.check(default["dtype"] is torch.bfloat16, "the default load still returns torch.dtype")
+    report.check(code_of(lambda: holdpoint.load(path, compat="strings")) == "invalid_argument",
+                 "compat='strings' is not refused with invalid_argument")
 
 
 def check_shared_and_cyclic(report, tmp):
@@ -201,6 +234,7 @@ def main():
     report = harness.Report("value_types")
     with tempfile.TemporaryDirectory(prefix="holdpoint-types-") as tmp:
         check_torch_to_holdpoint(report, tmp)
+        check_compat_data(report, tmp)
         check_shared_and_cyclic(report, tmp)
         check_numpy_complex(report, tmp)
         check_holdpoint_to_torch(report, tmp)
