@@ -104,7 +104,6 @@ class TensorFactory:
             tensor = base.as_strided(shape, stride, offset)  # a view of its own, never the shared base
         return finish_tensor(torch, tensor, conj, neg, requires_grad, is_parameter)
 
-
     def _meta_tensor(self, dtype, shape, stride, requires_grad, is_parameter):
         """A tensor on the meta device, as torch's _rebuild_meta_tensor_no_storage
         makes it; without torch (NumPy has no such thing), its description."""
