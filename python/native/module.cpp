@@ -51,6 +51,7 @@
 #include "format/resume_scan.h"
 #include "holdpoint/base/memory.h"
 #include "format/pt_writer.h"
+#include "format/value/half_float.h"
 #include "format/publish_file.h"
 #include "schema/checkpoint_bytes.h"
 #include "schema/component_writer.h"
@@ -342,27 +343,20 @@ class ToPython {
     }();
     if (!*numpy) return plain;
     const std::string name(dtype_name(dtype));
-    // A double the reader made from a narrow float, back to that float's bits.
-    const auto narrow = [](double wide, int mantissa_bits, int exponent_bits) -> std::uint32_t {
-      if (!std::isnan(wide)) {
-        return mantissa_bits == 23 ? std::bit_cast<std::uint32_t>(static_cast<float>(wide)) : 0;
-      }
-      const auto bits = std::bit_cast<std::uint64_t>(wide);
-      std::uint64_t mantissa = (bits & ((std::uint64_t{1} << 52) - 1)) >> (52 - mantissa_bits);
-      if (mantissa == 0) mantissa = std::uint64_t{1} << (mantissa_bits - 1);  // a payload below: quiet NaN
-      const std::uint64_t exponent = (std::uint64_t{1} << exponent_bits) - 1;
-      return static_cast<std::uint32_t>(((bits >> 63) << (mantissa_bits + exponent_bits)) |
-                                        (exponent << mantissa_bits) | mantissa);
+    // A double the reader made from a float32, back to that float's bits.
+    const auto narrow = [](double wide) -> std::uint32_t {
+      return std::isnan(wide) ? holdpoint::value::narrow_nan_bits(wide, 23)
+                              : std::bit_cast<std::uint32_t>(static_cast<float>(wide));
     };
     std::string raw;
     const auto append = [&raw](auto bits) { raw.append(reinterpret_cast<const char*>(&bits), sizeof bits); };
     if (dtype == DType::float32 && value.is_double()) {
-      append(narrow(value.as_double(), 23, 8));
+      append(narrow(value.as_double()));
     } else if (dtype == DType::complex64 && value.is_complex()) {
-      append(narrow(value.as_complex().real(), 23, 8));
-      append(narrow(value.as_complex().imag(), 23, 8));
+      append(narrow(value.as_complex().real()));
+      append(narrow(value.as_complex().imag()));
     } else if (dtype == DType::float16 && value.is_double() && std::isnan(value.as_double())) {
-      append(static_cast<std::uint16_t>(narrow(value.as_double(), 10, 5)));
+      append(static_cast<std::uint16_t>(holdpoint::value::narrow_nan_bits(value.as_double(), 10)));
     } else {
       return numpy->attr("dtype")(name).attr("type")(plain);
     }

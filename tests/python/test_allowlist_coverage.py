@@ -17,7 +17,6 @@ import os
 import re
 import sys
 import tempfile
-import zipfile
 
 import torch
 from torch._weights_only_unpickler import _get_allowed_globals
@@ -48,10 +47,7 @@ def documented_refusals():
 def probe(path, dotted):
     """holdpoint's error code for a pickle that names `dotted` and stops (None: read)."""
     module, _, name = dotted.rpartition(".")
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n.")
-        z.writestr("archive/byteorder", "little")
-        z.writestr("archive/version", "3\n")
+    harness.pickle_archive(path, b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n.")
     try:
         holdpoint.load(path)
     except holdpoint.Error as error:

@@ -29,7 +29,6 @@ import os
 import re
 import sys
 import tempfile
-import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,10 +159,7 @@ PAYLOAD_CODE_PREFIXES = ("pickle_", "persistent_id_", "storage_", "tensor_")
 def wrap_as_checkpoint(payload, path):
     """A well-formed zip checkpoint whose data.pkl is `payload`, so that the payload reaches
     the pickle VM instead of stopping at format detection."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", payload)
-        z.writestr("archive/byteorder", b"little")
-        z.writestr("archive/version", b"3\n")
+    harness.pickle_archive(path, payload)
 
 
 def check_wrapped_payload(report, rel, data, tmpdir, codes_seen):

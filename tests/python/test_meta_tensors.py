@@ -128,13 +128,7 @@ def check_holdpoint_to_torch(report, tmp):
 
 def hostile(tmp, body):
     """A torch.save archive whose data.pkl is `body` (protocol 2 pickle bytes)."""
-    import zipfile
-    path = os.path.join(tmp, "hostile.pt")
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", b"\x80\x02" + body + b".")
-        z.writestr("archive/version", "3\n")
-        z.writestr("archive/byteorder", "little")
-    return path
+    return harness.pickle_archive(os.path.join(tmp, "hostile.pt"), b"\x80\x02" + body + b".")
 
 
 def meta_call(dtype, size, stride, requires_grad):

@@ -16,7 +16,6 @@ import collections
 import os
 import sys
 import tempfile
-import zipfile
 
 import numpy as np
 import torch
@@ -69,13 +68,6 @@ def saved_by_torch(tmp, name, value):
     path = os.path.join(tmp, f"{name}.pt")
     torch.save(value, path)
     return path
-
-
-def pickle_archive(path, pickle_bytes):
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", pickle_bytes)
-        z.writestr("archive/byteorder", "little")
-        z.writestr("archive/version", "3\n")
 
 
 def code_of(call):
@@ -222,10 +214,10 @@ def check_refusals(report, tmp):
             ("list key", b"\x80\x02}]K\x01s.", "pickle_dict_key_invalid"),
             # {1: 1, True: 2}: one key in Python; holdpoint refuses the second
             ("1 and True", b"\x80\x02}(K\x01K\x01\x88K\x02u.", "pickle_duplicate_key")):
-        pickle_archive(path, data)
+        harness.pickle_archive(path, data)
         report.check(code_of(lambda: holdpoint.load(path)) == code, f"{what}: not refused with {code}")
     for what, data in cases.items():
-        pickle_archive(path, data)
+        harness.pickle_archive(path, data)
         report.check(code_of(lambda: holdpoint.load(path)) == "pickle_call_args_invalid",
                      f"{what}: not refused with pickle_call_args_invalid")
 

@@ -40,38 +40,6 @@ void count_tensors(const Value& value, Totals& totals) {
   }
 }
 
-std::string scalar_text(const Value& value) {
-  switch (value.kind()) {
-    case ValueKind::none: return "None";
-    case ValueKind::boolean: return value.as_bool() ? "True" : "False";
-    case ValueKind::integer: return std::to_string(value.as_int());
-    case ValueKind::floating: {
-      char text[32];
-      std::snprintf(text, sizeof text, "%.17g", value.as_double());
-      return text;
-    }
-    case ValueKind::string: {
-      const std::string& s = value.as_string();
-      return "'" + (s.size() > 60 ? s.substr(0, 57) + "..." : s) + "'";
-    }
-    case ValueKind::bytes: return "bytes(" + std::to_string(value.as_bytes().size()) + ")";
-    case ValueKind::bytearray: return "bytearray(" + std::to_string(value.as_bytes().size()) + ")";
-    case ValueKind::big_integer: return big_integer_decimal(value.as_big_integer());
-    case ValueKind::set: return "set(" + std::to_string(value.as_list().size()) + ")";
-    case ValueKind::size: {
-      std::vector<std::int64_t> dims;
-      for (const Value& item : value.as_list()) dims.push_back(item.as_int());
-      return "torch.Size(" + shape_text(dims) + ")";
-    }
-    case ValueKind::complex_number:
-    case ValueKind::device:
-    case ValueKind::dtype:
-    case ValueKind::layout:
-    case ValueKind::meta_tensor: return typed_scalar_text(value);
-    default: return {};
-  }
-}
-
 // Prints the tree, one line per node, eliding long containers.
 void print_tree(std::ostream& out, const Value& value, const std::string& label, int depth, std::size_t max_items) {
   const std::string indent(static_cast<std::size_t>(depth) * 2, ' ');
@@ -113,7 +81,7 @@ void print_tree(std::ostream& out, const Value& value, const std::string& label,
     }
     return;
   }
-  out << scalar_text(value) << '\n';
+  out << scalar_text(value, 60) << '\n';
 }
 
 nlohmann::ordered_json markers_json(const FormatMarkers& markers) {

@@ -282,6 +282,17 @@ bool valid_set_item(const Value& value) noexcept;
 // stride=[3, 1])". Throws Error(invalid_argument) for any other kind.
 std::string typed_scalar_text(const class Value& value);
 
+// A float as Python's repr writes it: the shortest text that reads back to the
+// same double, "3.0" rather than "3", and "nan", "inf", "-inf".
+std::string float_text(double value);
+
+// A one-line summary of any value but a container or tensor, for listings and
+// diffs: None, True, 42, 0.1, 'text' (cut past max_string_chars), bytes(12),
+// bytearray(3), set(4), torch.Size([2, 3]) and typed_scalar_text's forms.
+// Empty for a list, tuple, dict, OrderedDict or tensor (their callers print
+// those their own way).
+std::string scalar_text(const class Value& value, std::size_t max_string_chars = 80);
+
 // The decimal text of a big_integer's bytes ("-340282366920938463463374607431768211456").
 std::string big_integer_decimal(std::string_view little_endian);
 

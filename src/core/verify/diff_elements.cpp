@@ -1,7 +1,6 @@
 // Element comparison for holdpoint diff: the numeric rules of diff_elements.h.
 #include "verify/diff_elements.h"
 
-#include <charconv>
 #include <cmath>
 #include <cstring>
 
@@ -11,17 +10,6 @@
 namespace holdpoint::diff {
 
 using detail::concat;
-
-std::string number_text(double value) {
-  if (std::isnan(value)) return "nan";
-  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
-  char text[40];
-  const auto result = std::to_chars(text, text + sizeof text, value);
-  std::string out(text, result.ptr);
-  // As Python writes a float: 3.0, not 3.
-  if (out.find_first_of(".en") == std::string::npos) out += ".0";
-  return out;
-}
 
 std::vector<std::int64_t> index_of(std::uint64_t linear, const Dims& sizes) {
   std::vector<std::int64_t> index(sizes.size(), 0);
@@ -190,10 +178,10 @@ void compare_chunk(DType dtype, std::size_t unit, const std::byte* a, const std:
 
 std::string element_text(DType dtype, const std::byte* p) {
   switch (element_class(dtype)) {
-    case ElementClass::floating: return number_text(load_real(dtype, p));
+    case ElementClass::floating: return float_text(load_real(dtype, p));
     case ElementClass::complex: {
       const std::size_t half = dtype_itemsize(dtype) / 2;
-      return concat("(", number_text(load_real(dtype, p)), "+", number_text(load_real(dtype, p + half)), "j)");
+      return concat("(", float_text(load_real(dtype, p)), "+", float_text(load_real(dtype, p + half)), "j)");
     }
     case ElementClass::signed_integer: return std::to_string(load_signed(dtype, p));
     case ElementClass::unsigned_integer:

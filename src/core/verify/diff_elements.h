@@ -20,9 +20,6 @@
 
 namespace holdpoint::diff {
 
-// As Python writes a float (3.0, nan, inf).
-std::string number_text(double value);
-
 // The C-order index of element `linear` of a tensor of `sizes`.
 std::vector<std::int64_t> index_of(std::uint64_t linear, const Dims& sizes);
 

@@ -13,7 +13,6 @@
 namespace holdpoint {
 
 using detail::concat;
-using diff::number_text;
 
 std::string_view diff_change_name(DiffChange change) noexcept {
   switch (change) {
@@ -65,10 +64,10 @@ std::string entry_line(const DiffEntry& e) {
       if (!d.first_index.empty()) line += concat(", first at ", index_text(d.first_index));
     }
     if (d.max_abs_deviation) {
-      line += concat(d.numel > 1 ? ", " : ": ", "max abs ", number_text(*d.max_abs_deviation));
+      line += concat(d.numel > 1 ? ", " : ": ", "max abs ", float_text(*d.max_abs_deviation));
       if (d.numel > 1 && !d.max_abs_index.empty()) line += " at " + index_text(d.max_abs_index);
     }
-    if (d.max_rel_deviation) line += concat(", max rel ", number_text(*d.max_rel_deviation));
+    if (d.max_rel_deviation) line += concat(", max rel ", float_text(*d.max_rel_deviation));
   }
   if (!e.detail.empty()) line += "; " + e.detail;
   if (e.within_tolerance) line += " (within tolerance)";
@@ -102,7 +101,7 @@ std::string CheckpointDiff::text() const {
     out += concat(beyond, beyond == 1 ? " difference" : " differences", " beyond tolerance");
     if (within > 0) out += concat(", ", within, " within tolerance");
   }
-  out += concat(" (atol ", number_text(atol), ", rtol ", number_text(rtol), "; ", tensors_compared,
+  out += concat(" (atol ", float_text(atol), ", rtol ", float_text(rtol), "; ", tensors_compared,
                 " tensor pairs, ", bytes_compared, " bytes compared in ", files_compared, " files)\n");
   return out;
 }

@@ -21,35 +21,13 @@ namespace {
 
 std::string value_text(const Value& value) {
   switch (value.kind()) {
-    case ValueKind::none: return "None";
-    case ValueKind::boolean: return value.as_bool() ? "True" : "False";
-    case ValueKind::integer: return std::to_string(value.as_int());
-    case ValueKind::big_integer: return big_integer_decimal(value.as_big_integer());
-    case ValueKind::floating: return number_text(value.as_double());
-    case ValueKind::string: {
-      const std::string& s = value.as_string();
-      return "'" + (s.size() > 80 ? s.substr(0, 77) + "..." : s) + "'";
-    }
-    case ValueKind::bytes: return concat("bytes(", value.as_bytes().size(), ")");
     case ValueKind::list: return concat("list(", value.as_list().size(), ")");
     case ValueKind::tuple: return concat("tuple(", value.as_list().size(), ")");
     case ValueKind::dict: return concat("dict(", value.as_dict().size(), ")");
     case ValueKind::ordered_dict: return concat("OrderedDict(", value.as_dict().size(), ")");
     case ValueKind::tensor: return tensor_text(value.as_tensor());
-    case ValueKind::set: return concat("set(", value.as_list().size(), ")");
-    case ValueKind::bytearray: return concat("bytearray(", value.as_bytes().size(), ")");
-    case ValueKind::size: {
-      std::vector<std::int64_t> dims;
-      for (const Value& item : value.as_list()) dims.push_back(item.as_int());
-      return "torch.Size(" + shape_text(dims) + ")";
-    }
-    case ValueKind::complex_number:
-    case ValueKind::device:
-    case ValueKind::dtype:
-    case ValueKind::layout:
-    case ValueKind::meta_tensor: return typed_scalar_text(value);
+    default: return scalar_text(value, 80);
   }
-  return {};
 }
 
 // Containers of one family compare their contents even when the exact kind

@@ -58,6 +58,7 @@ namespace {
 namespace op = pickle_op;
 using detail::checked_add;
 using detail::checked_mul;
+using holdpoint::value::narrow_float_to_double;
 
 enum class GlobalKind : std::uint8_t {
   ordered_dict,
@@ -666,6 +667,9 @@ class Machine {
   // With drop_tensors: whether `value`, a list or tuple (or one nested in
   // tuples of it), had a tensor element that became None.
   bool holds_dropped_tensor(const Value& value) const;
+  // A dict key Python would take, judged the same whether tensors are kept or
+  // dropped (a tuple that held a tensor is no key in either read).
+  bool usable_dict_key(const Value& key) const { return valid_dict_key(key) && !holds_dropped_tensor(key); }
   void memo_put(std::uint64_t index);
   void memo_get(std::uint64_t index);
   // The kept memo slot of `index` (keep_fetched_only_), or nullptr when the
@@ -1250,7 +1254,7 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
     if (kind == ValueKind::none || kind == ValueKind::boolean || kind == ValueKind::floating ||
         kind == ValueKind::bytes || kind == ValueKind::tuple) {
       const Value made = take_value(key, "a dict key");
-      if (valid_dict_key(made) && !holds_dropped_tensor(made)) object_key.emplace(made);
+      if (usable_dict_key(made)) object_key.emplace(made);
     }
     if (!object_key) {
       error(ErrorCode::pickle_dict_key_invalid, "a ", describe(key),
@@ -1736,7 +1740,7 @@ Item Machine::reduce_ordered_dict(const Item& args) {
             ", not a [key, value] pair");
     }
     const Value& key = pair.as_list()[0];
-    if (!valid_dict_key(key) || holds_dropped_tensor(key)) {
+    if (!usable_dict_key(key)) {
       error(ErrorCode::pickle_dict_key_invalid, "a ", value_kind_name(key.kind()),
             " key; keys are str, int, None, bool, float, bytes or tuples of them");
     }
@@ -2304,25 +2308,6 @@ Item Machine::build_numpy_array(const Item& state) {
   Item item = value_item(Value::tensor(std::move(tensor)));
   item.nodes = state.nodes;
   return item;
-}
-
-// A float32 (23 mantissa bits) or float16 (10) as a double, exactly: a NaN
-// keeps its sign and its whole mantissa, the quiet bit included, in the top
-// bits of the double's (a float-to-double conversion would quiet a signaling
-// NaN, and half_to_double makes every NaN the canonical one), so that the
-// NumPy scalar it came from can be rebuilt bit for bit.
-double narrow_float_to_double(std::uint32_t bits, int mantissa_bits) {
-  const int exponent_bits = mantissa_bits == 23 ? 8 : 5;
-  const std::uint32_t mantissa = bits & ((1u << mantissa_bits) - 1);
-  const std::uint32_t exponent = (bits >> mantissa_bits) & ((1u << exponent_bits) - 1);
-  const bool negative = (bits >> (mantissa_bits + exponent_bits)) & 1u;
-  if (exponent == (1u << exponent_bits) - 1 && mantissa != 0) {
-    const std::uint64_t wide = (std::uint64_t{negative} << 63) | (std::uint64_t{0x7FF} << 52) |
-                               (std::uint64_t{mantissa} << (52 - mantissa_bits));
-    return std::bit_cast<double>(wide);
-  }
-  if (mantissa_bits == 23) return static_cast<double>(std::bit_cast<float>(bits));
-  return holdpoint::value::half_to_double(static_cast<std::uint16_t>(bits));
 }
 
 // multiarray.scalar(dtype, bytes): a NumPy scalar, read as its plain value

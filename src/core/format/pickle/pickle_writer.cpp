@@ -185,14 +185,23 @@ class Emitter {
     });
   }
 
+  // module.name(*args), as pickle calls it: the global, what `emit_args` pushes,
+  // `tuple` to pack it (TUPLE1..TUPLE3, EMPTY_TUPLE, or TUPLE after a MARK that
+  // emit_args put), then REDUCE.
+  template <typename EmitArgs>
+  void emit_call(std::string_view module, std::string_view name, std::uint8_t tuple, EmitArgs&& emit_args) {
+    emit_global(module, name);
+    emit_args();
+    put(tuple);
+    put(op::REDUCE);
+  }
+
   void emit_constant_str(std::string_view text) {
     emit_constant("s" + std::string(text), [&] { emit_str(text); });
   }
 
   void emit_empty_ordered_dict() {
-    emit_global("collections", "OrderedDict");
-    put(op::EMPTY_TUPLE);
-    put(op::REDUCE);
+    emit_call("collections", "OrderedDict", op::EMPTY_TUPLE, [] {});
   }
 
   void emit_memo_put(std::uint32_t index) {
@@ -256,11 +265,10 @@ class Emitter {
         text.push_back(static_cast<char>(0x80 | (byte & 0x3F)));
       }
     }
-    emit_global("_codecs", "encode");
-    emit_str(text);
-    emit_str("latin1");
-    put(op::TUPLE2);
-    put(op::REDUCE);
+    emit_call("_codecs", "encode", op::TUPLE2, [&] {
+      emit_str(text);
+      emit_str("latin1");
+    });
   }
 
   // ---- containers ----
@@ -302,11 +310,10 @@ class Emitter {
 
   void emit_complex(std::complex<double> value) {
     refuse_in_torch_1_13("complex");
-    emit_global("__builtin__", "complex");
-    emit_float(value.real());
-    emit_float(value.imag());
-    put(op::TUPLE2);
-    put(op::REDUCE);
+    emit_call("__builtin__", "complex", op::TUPLE2, [&] {
+      emit_float(value.real());
+      emit_float(value.imag());
+    });
   }
 
   void emit_set(const Value::List& items, std::uint32_t level) {
@@ -317,34 +324,24 @@ class Emitter {
              "; a set holds only scalars, str, bytes and tuples of them");
       }
     }
-    emit_global("__builtin__", "set");
-    emit_sequence(items, true, level);
-    put(op::TUPLE1);
-    put(op::REDUCE);
+    emit_call("__builtin__", "set", op::TUPLE1, [&] { emit_sequence(items, true, level); });
   }
 
   void emit_bytearray(std::string_view bytes) {
     refuse_in_torch_1_13("bytearray");
-    emit_global("__builtin__", "bytearray");
-    emit_bytes(bytes);
-    put(op::TUPLE1);
-    put(op::REDUCE);
+    emit_call("__builtin__", "bytearray", op::TUPLE1, [&] { emit_bytes(bytes); });
   }
 
   void emit_device(std::string_view name) {
     refuse_in_torch_1_13("torch.device");
-    emit_global("torch", "device");
     const std::size_t colon = name.find(':');
-    emit_str(name.substr(0, colon));
-    if (colon == std::string_view::npos) {
-      put(op::TUPLE1);
-    } else {
+    emit_call("torch", "device", colon == std::string_view::npos ? op::TUPLE1 : op::TUPLE2, [&] {
+      emit_str(name.substr(0, colon));
+      if (colon == std::string_view::npos) return;
       std::int64_t index = 0;
       for (const char c : name.substr(colon + 1)) index = index * 10 + (c - '0');
       emit_int(index);
-      put(op::TUPLE2);
-    }
-    put(op::REDUCE);
+    });
   }
 
   void emit_dtype(DType dtype) {
@@ -367,17 +364,11 @@ class Emitter {
   void emit_size(const Value::List& items) {
     Dims dims;
     for (const Value& item : items) dims.push_back(item.as_int());
-    emit_global("torch", "Size");
-    emit_int_tuple(dims);
-    put(op::TUPLE1);
-    put(op::REDUCE);
+    emit_call("torch", "Size", op::TUPLE1, [&] { emit_int_tuple(dims); });
   }
 
   void emit_layout(std::string_view name) {
-    emit_global("torch.serialization", "_get_layout");
-    emit_str(name);
-    put(op::TUPLE1);
-    put(op::REDUCE);
+    emit_call("torch.serialization", "_get_layout", op::TUPLE1, [&] { emit_str(name); });
   }
 
   void emit_key(const DictKey& key, std::uint32_t level) {
@@ -559,26 +550,14 @@ class Emitter {
   // nn.Parameter.
   void emit_tensor(const std::shared_ptr<const TensorData>& pointer, bool memoizable) {
     const TensorData& tensor = *pointer;
-    if (memoizable) {
-      if (auto found = tensor_memo_.find(pointer.get()); found != tensor_memo_.end()) {
-        emit_memo_get(found->second);
-        return;
-      }
-    }
+    if (memoizable && emit_tensor_memo_get(tensor)) return;
     // Before any itemsize arithmetic: the sub-byte dtypes have no itemsize.
     if (!dtype_in_torch(tensor.dtype)) {
       fail(ErrorCode::write_value_unsupported, "pickle writer: torch has no ", dtype_name(tensor.dtype),
            " dtype, so a .pt file cannot hold this tensor");
     }
     check_geometry(tensor);
-    if (tensor.sizes.size() > options_.limits.max_tensor_rank) {
-      fail(ErrorCode::tensor_rank_limit, "pickle writer: a tensor of rank ", tensor.sizes.size(),
-           " exceeds max_tensor_rank ", options_.limits.max_tensor_rank);
-    }
-    if (tensor.requires_grad && !dtype_is_differentiable(tensor.dtype)) {
-      fail(ErrorCode::tensor_requires_grad_invalid, "pickle writer: requires_grad on a ", dtype_name(tensor.dtype),
-           " tensor");
-    }
+    check_rank_and_requires_grad(tensor, "tensor");
     const auto storage_class = dtype_storage_class(tensor.dtype);
     if (!storage_class && options_.torch_1_13_compatible) {
       fail(ErrorCode::write_value_unsupported, "pickle writer: torch 1.13 has no ", dtype_name(tensor.dtype),
@@ -594,31 +573,55 @@ class Emitter {
            "resolve the view first");
     }
     if (tensor.is_parameter) emit_global("torch._utils", "_rebuild_parameter");
-    emit_global("torch._utils", storage_class ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
-    put(op::MARK);
-    emit_persistent_id(tensor, storage_class);
-    emit_int(tensor.storage_offset);
-    emit_int_tuple(tensor.sizes);
-    emit_int_tuple(tensor.strides);
-    emit_bool(tensor.is_parameter ? false : tensor.requires_grad);
-    emit_empty_ordered_dict();
-    if (!storage_class) emit_global("torch", dtype_name(tensor.dtype));
-    if (tensor.conjugate || tensor.negative) {
-      // torch._utils.get_tensor_metadata's dict, in its order.
-      put(op::EMPTY_DICT);
+    emit_call("torch._utils", storage_class ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3", op::TUPLE, [&] {
       put(op::MARK);
-      if (tensor.negative) {
-        emit_str("neg");
-        emit_bool(true);
+      emit_persistent_id(tensor, storage_class);
+      emit_int(tensor.storage_offset);
+      emit_int_tuple(tensor.sizes);
+      emit_int_tuple(tensor.strides);
+      emit_bool(tensor.is_parameter ? false : tensor.requires_grad);
+      emit_empty_ordered_dict();
+      if (!storage_class) emit_global("torch", dtype_name(tensor.dtype));
+      if (tensor.conjugate || tensor.negative) {
+        // torch._utils.get_tensor_metadata's dict, in its order.
+        put(op::EMPTY_DICT);
+        put(op::MARK);
+        if (tensor.negative) {
+          emit_str("neg");
+          emit_bool(true);
+        }
+        if (tensor.conjugate) {
+          emit_str("conj");
+          emit_bool(true);
+        }
+        put(op::SETITEMS);
       }
-      if (tensor.conjugate) {
-        emit_str("conj");
-        emit_bool(true);
-      }
-      put(op::SETITEMS);
+    });
+    close_tensor(tensor, memoizable);
+  }
+
+  // The memo index of a tensor written before, where there is one.
+  bool emit_tensor_memo_get(const TensorData& tensor) {
+    const auto found = tensor_memo_.find(&tensor);
+    if (found == tensor_memo_.end()) return false;
+    emit_memo_get(found->second);
+    return true;
+  }
+
+  void check_rank_and_requires_grad(const TensorData& tensor, std::string_view what) {
+    if (tensor.sizes.size() > options_.limits.max_tensor_rank) {
+      fail(ErrorCode::tensor_rank_limit, "pickle writer: a ", what, " of rank ", tensor.sizes.size(),
+           " exceeds max_tensor_rank ", options_.limits.max_tensor_rank);
     }
-    put(op::TUPLE);
-    put(op::REDUCE);
+    if (tensor.requires_grad && !dtype_is_differentiable(tensor.dtype)) {
+      fail(ErrorCode::tensor_requires_grad_invalid, "pickle writer: requires_grad on a ", dtype_name(tensor.dtype),
+           " ", what);
+    }
+  }
+
+  // After a rebuild call's REDUCE: the _rebuild_parameter wrap's arguments for an
+  // nn.Parameter, the count, and a memo slot for a tensor the tree holds twice.
+  void close_tensor(const TensorData& tensor, bool memoizable) {
     if (tensor.is_parameter) {
       emit_bool(tensor.requires_grad);
       emit_empty_ordered_dict();
@@ -626,9 +629,9 @@ class Emitter {
       put(op::REDUCE);
     }
     ++tensor_count_;
-    if (memoizable && tensor_uses_[pointer.get()] > 1) {
+    if (memoizable && tensor_uses_[&tensor] > 1) {
       const std::uint32_t index = memo_count_++;
-      tensor_memo_.emplace(pointer.get(), index);
+      tensor_memo_.emplace(&tensor, index);
       emit_memo_put(index);
     }
   }
@@ -637,39 +640,17 @@ class Emitter {
   // _rebuild_parameter(...) for an nn.Parameter, as torch.save writes a tensor
   // on the meta device.
   void emit_meta_tensor(const TensorData& tensor) {
-    if (auto found = tensor_memo_.find(&tensor); found != tensor_memo_.end()) {
-      emit_memo_get(found->second);
-      return;
-    }
-    if (tensor.sizes.size() > options_.limits.max_tensor_rank) {
-      fail(ErrorCode::tensor_rank_limit, "pickle writer: a meta tensor of rank ", tensor.sizes.size(),
-           " exceeds max_tensor_rank ", options_.limits.max_tensor_rank);
-    }
-    if (tensor.requires_grad && !dtype_is_differentiable(tensor.dtype)) {
-      fail(ErrorCode::tensor_requires_grad_invalid, "pickle writer: requires_grad on a ", dtype_name(tensor.dtype),
-           " meta tensor");
-    }
+    if (emit_tensor_memo_get(tensor)) return;
+    check_rank_and_requires_grad(tensor, "meta tensor");
     if (tensor.is_parameter) emit_global("torch._utils", "_rebuild_parameter");
-    emit_global("torch._utils", "_rebuild_meta_tensor_no_storage");
-    put(op::MARK);
-    emit_dtype(tensor.dtype);
-    emit_int_tuple(tensor.sizes);
-    emit_int_tuple(tensor.strides);
-    emit_bool(tensor.is_parameter ? false : tensor.requires_grad);
-    put(op::TUPLE);
-    put(op::REDUCE);
-    if (tensor.is_parameter) {
-      emit_bool(tensor.requires_grad);
-      emit_empty_ordered_dict();
-      put(op::TUPLE3);
-      put(op::REDUCE);
-    }
-    ++tensor_count_;
-    if (tensor_uses_[&tensor] > 1) {
-      const std::uint32_t index = memo_count_++;
-      tensor_memo_.emplace(&tensor, index);
-      emit_memo_put(index);
-    }
+    emit_call("torch._utils", "_rebuild_meta_tensor_no_storage", op::TUPLE, [&] {
+      put(op::MARK);
+      emit_dtype(tensor.dtype);
+      emit_int_tuple(tensor.sizes);
+      emit_int_tuple(tensor.strides);
+      emit_bool(tensor.is_parameter ? false : tensor.requires_grad);
+    });
+    close_tensor(tensor, true);
   }
 
   void emit(const Value& value, std::uint32_t level) {

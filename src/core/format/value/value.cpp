@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -279,33 +280,47 @@ void append_canonical_text(std::string& out, char tag, std::string_view text) {
 }
 
 // Python's equality classes of keys: bool and integral floats as the int
-// they equal (-0.0 as 0), other floats by their bits.
-void append_canonical_key(std::string& out, const Value& key) {
+// they equal (-0.0 as 0), other floats by their bits. The one list of the kinds
+// a key may have: false for any other kind (then `out`, when given, holds part
+// of a form). With `out` null it only judges, and allocates nothing.
+bool canonical_key(const Value& key, std::string* out) {
   switch (key.kind()) {
-    case ValueKind::none: out += 'N'; return;
-    case ValueKind::boolean: append_canonical_int(out, key.as_bool() ? 1 : 0); return;
-    case ValueKind::integer: append_canonical_int(out, key.as_int()); return;
+    case ValueKind::none:
+      if (out) *out += 'N';
+      return true;
+    case ValueKind::boolean:
+      if (out) append_canonical_int(*out, key.as_bool() ? 1 : 0);
+      return true;
+    case ValueKind::integer:
+      if (out) append_canonical_int(*out, key.as_int());
+      return true;
     case ValueKind::floating: {
+      if (!out) return true;
       const double d = key.as_double();
       if (d == std::trunc(d) && d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
-        append_canonical_int(out, static_cast<std::int64_t>(d));
-        return;
+        append_canonical_int(*out, static_cast<std::int64_t>(d));
+        return true;
       }
-      out += 'F';
+      *out += 'F';
       const auto bits = std::bit_cast<std::uint64_t>(d);
-      for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(bits >> (8 * i)));
-      return;
+      for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(bits >> (8 * i)));
+      return true;
     }
-    case ValueKind::string: append_canonical_text(out, 'S', key.as_string()); return;
-    case ValueKind::bytes: append_canonical_text(out, 'B', key.as_bytes()); return;
+    case ValueKind::string:
+      if (out) append_canonical_text(*out, 'S', key.as_string());
+      return true;
+    case ValueKind::bytes:
+      if (out) append_canonical_text(*out, 'B', key.as_bytes());
+      return true;
     case ValueKind::tuple:
-      out += 'T';
-      append_canonical_int(out, static_cast<std::int64_t>(key.as_list().size()));
-      for (const Value& item : key.as_list()) append_canonical_key(out, item);
-      return;
-    default: break;
+      if (out) {
+        *out += 'T';
+        append_canonical_int(*out, static_cast<std::int64_t>(key.as_list().size()));
+      }
+      return std::all_of(key.as_list().begin(), key.as_list().end(),
+                         [out](const Value& item) { return canonical_key(item, out); });
+    default: return false;
   }
-  fail(ErrorCode::invalid_argument, "a ", value_kind_name(key.kind()), " cannot be a dict key");
 }
 
 // Python's repr of a key, for messages (bounded by printable() where it names file data).
@@ -352,19 +367,7 @@ void append_key_text(std::string& out, const Value& key) {
 
 }  // namespace
 
-bool valid_dict_key(const Value& key) noexcept {
-  switch (key.kind()) {
-    case ValueKind::none:
-    case ValueKind::boolean:
-    case ValueKind::integer:
-    case ValueKind::floating:
-    case ValueKind::string:
-    case ValueKind::bytes: return true;
-    case ValueKind::tuple:
-      return std::all_of(key.as_list().begin(), key.as_list().end(), [](const Value& item) { return valid_dict_key(item); });
-    default: return false;
-  }
-}
+bool valid_dict_key(const Value& key) noexcept { return canonical_key(key, nullptr); }
 
 DictKey::DictKey(const Value& key) {
   if (key.is_string()) {
@@ -372,12 +375,11 @@ DictKey::DictKey(const Value& key) {
   } else if (key.is_int()) {
     key_ = key.as_int();
   } else {
-    if (!valid_dict_key(key)) {
+    std::string canonical;
+    if (!canonical_key(key, &canonical)) {
       fail(ErrorCode::invalid_argument, "a ", value_kind_name(key.kind()),
            " cannot be a dict key (keys are str, int, None, bool, float, bytes or tuples of them)");
     }
-    std::string canonical;
-    append_canonical_key(canonical, key);
     key_ = std::make_shared<const Object>(Object{key, std::move(canonical)});
   }
 }
@@ -683,6 +685,53 @@ std::string typed_scalar_text(const Value& value) {
   fail(ErrorCode::invalid_argument, "typed_scalar_text: a ", value_kind_name(value.kind()));
 }
 
+std::string float_text(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char text[40];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  std::string out(text, result.ptr);
+  if (out.find_first_of(".en") == std::string::npos) out += ".0";
+  return out;
+}
+
+std::string scalar_text(const Value& value, std::size_t max_string_chars) {
+  const auto counted = [](std::string_view kind, std::size_t count) {
+    return std::string(kind) + "(" + std::to_string(count) + ")";
+  };
+  switch (value.kind()) {
+    case ValueKind::none: return "None";
+    case ValueKind::boolean: return value.as_bool() ? "True" : "False";
+    case ValueKind::integer: return std::to_string(value.as_int());
+    case ValueKind::big_integer: return big_integer_decimal(value.as_big_integer());
+    case ValueKind::floating: return float_text(value.as_double());
+    case ValueKind::string: {
+      const std::string& s = value.as_string();
+      const std::size_t keep = max_string_chars > 3 ? max_string_chars - 3 : 0;
+      return "'" + (s.size() > max_string_chars ? s.substr(0, keep) + "..." : s) + "'";
+    }
+    case ValueKind::bytes: return counted("bytes", value.as_bytes().size());
+    case ValueKind::bytearray: return counted("bytearray", value.as_bytes().size());
+    case ValueKind::set: return counted("set", value.as_list().size());
+    case ValueKind::size: {
+      Dims dims;
+      for (const Value& item : value.as_list()) dims.push_back(item.as_int());
+      return "torch.Size(" + shape_text(dims) + ")";
+    }
+    case ValueKind::complex_number:
+    case ValueKind::device:
+    case ValueKind::dtype:
+    case ValueKind::layout:
+    case ValueKind::meta_tensor: return typed_scalar_text(value);
+    case ValueKind::list:
+    case ValueKind::tuple:
+    case ValueKind::dict:
+    case ValueKind::ordered_dict:
+    case ValueKind::tensor: return {};
+  }
+  return {};
+}
+
 bool valid_set_item(const Value& value) noexcept {
   switch (value.kind()) {
     case ValueKind::none:
@@ -835,6 +884,17 @@ const void* Value::node_identity() const noexcept {
 
 namespace {
 
+// What any two tensors, with or without storage, must share to be equal: dtype,
+// sizes and requires_grad. Empty when they do.
+std::string tensor_header_difference(const TensorData& x, const TensorData& y, const std::string& where) {
+  if (x.dtype != y.dtype) {
+    return where + ": dtype " + std::string(dtype_name(x.dtype)) + " vs " + std::string(dtype_name(y.dtype));
+  }
+  if (x.sizes != y.sizes) return where + ": sizes " + shape_text(x.sizes) + " vs " + shape_text(y.sizes);
+  if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
+  return {};
+}
+
 // Empty result: equal. Otherwise a description of the first difference at `path`.
 std::string first_difference(const Value& a, const Value& b, const std::string& path) {
   const std::string where = path.empty() ? "<root>" : path;
@@ -907,11 +967,7 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
     case ValueKind::tensor: {
       const TensorData& x = a.as_tensor();
       const TensorData& y = b.as_tensor();
-      if (x.dtype != y.dtype) {
-        return where + ": dtype " + std::string(dtype_name(x.dtype)) + " vs " + std::string(dtype_name(y.dtype));
-      }
-      if (x.sizes != y.sizes) return where + ": sizes " + shape_text(x.sizes) + " vs " + shape_text(y.sizes);
-      if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
+      if (auto d = tensor_header_difference(x, y, where); !d.empty()) return d;
       if (x.conjugate != y.conjugate || x.negative != y.negative) return where + ": conj/neg view bits differ";
       if (x.contiguous_bytes() != y.contiguous_bytes()) return where + ": tensor elements differ";
       return {};
@@ -919,13 +975,9 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
     case ValueKind::meta_tensor: {
       const TensorData& x = a.as_meta_tensor();
       const TensorData& y = b.as_meta_tensor();
-      if (x.dtype != y.dtype) {
-        return where + ": dtype " + std::string(dtype_name(x.dtype)) + " vs " + std::string(dtype_name(y.dtype));
-      }
-      if (x.sizes != y.sizes) return where + ": sizes " + shape_text(x.sizes) + " vs " + shape_text(y.sizes);
+      if (auto d = tensor_header_difference(x, y, where); !d.empty()) return d;
       // A meta tensor is nothing but its geometry: the strides are its content.
       if (x.strides != y.strides) return where + ": strides " + shape_text(x.strides) + " vs " + shape_text(y.strides);
-      if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
       if (x.is_parameter != y.is_parameter) return where + ": nn.Parameter vs plain meta tensor";
       return {};
     }
