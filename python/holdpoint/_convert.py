@@ -149,11 +149,69 @@ def describe_tensor(buffer, dtype, shape, stride, offset, requires_grad, is_para
     return TensorInfo(out)
 
 
+def sparse_tensor(layout, parts, size, coalesced, requires_grad, is_parameter):
+    """A sparse tensor from its parts, as torch's _rebuild_sparse_tensor builds it.
+    holdpoint's reader has checked torch's invariants on the parts already (always,
+    where torch checks them only under torch.sparse.check_sparse_tensor_invariants).
+    Without torch, or in an inspect tree, a TensorInfo with the layout, shape and
+    the parts (NumPy arrays or TensorInfos): COO's indices and values; CSR/BSR's
+    crow/col indices and values; CSC/BSC's ccol/row indices and values."""
+    torch = sys.modules.get("torch")
+    name = layout.removeprefix("torch.")
+    if torch is not None and all(isinstance(part, torch.Tensor) for part in parts):
+        kind = getattr(torch, name)
+        if kind is torch.sparse_coo:
+            try:
+                tensor = torch.sparse_coo_tensor(parts[0], parts[1], size, check_invariants=False,
+                                                 is_coalesced=coalesced)
+            except TypeError:  # a torch before is_coalesced= (1.13)
+                tensor = torch.sparse_coo_tensor(parts[0], parts[1], size)
+                if coalesced:
+                    tensor = tensor._coalesced_(True)
+        else:
+            tensor = torch.sparse_compressed_tensor(parts[0], parts[1], parts[2], size, layout=kind,
+                                                    check_invariants=False)
+        if is_parameter:
+            return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+        return tensor
+    values = parts[-1]
+    dtype = values["dtype"] if isinstance(values, dict) else str(values.dtype)
+    out = {"dtype": dtype, "shape": list(size), "layout": name, "parts": list(parts)}
+    if coalesced is not None:
+        out["coalesced"] = coalesced
+    if requires_grad:
+        out["requires_grad"] = True
+    if is_parameter:
+        out["parameter"] = True
+    return TensorInfo(out)
+
+
+def _sparse_parts(torch, t):
+    """What the writer needs of a sparse tensor: ("sparse", layout, parts, size,
+    is_coalesced or None, requires_grad, is_parameter). As torch.save, it keeps
+    requires_grad only for an nn.Parameter."""
+    if t.layout == torch.sparse_coo:
+        parts, coalesced = (t._indices(), t._values()), bool(t.is_coalesced())
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts, coalesced = (t.crow_indices(), t.col_indices(), t.values()), None
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts, coalesced = (t.ccol_indices(), t.row_indices(), t.values()), None
+    else:
+        raise Error(f"save: a {t.layout} tensor; holdpoint writes strided and sparse tensors",
+                    "write_value_unsupported")
+    is_parameter = isinstance(t, torch.nn.Parameter)
+    if t.device.type != "cpu":
+        parts = tuple(part.cpu() for part in parts)
+    return ("sparse", str(t.layout), tuple(part.detach() for part in parts), tuple(t.shape), coalesced,
+            bool(t.requires_grad) and is_parameter, is_parameter)
+
+
 class TensorInfo(dict):
     """A tensor in an inspect tree: dtype, shape, stride, offset (no data)."""
 
     def __repr__(self) -> str:
-        return f"Tensor({self['dtype']}, {self['shape']})"
+        layout = f", {self['layout']}" if "layout" in self else ""
+        return f"Tensor({self['dtype']}, {self['shape']}{layout})"
 
 
 def tensor_parts(value):
@@ -174,7 +232,7 @@ def tensor_parts(value):
 
 def _torch_parts(torch, t):
     if t.layout != torch.strided:
-        raise Error(f"save: a {t.layout} tensor; only dense (strided) tensors are written", "write_value_unsupported")
+        return _sparse_parts(torch, t)
     name = str(t.dtype).removeprefix("torch.")
     if t.device.type == "meta":
         # No storage and no elements: written as torch.save writes it, by its geometry.

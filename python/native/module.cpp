@@ -276,13 +276,15 @@ class ToPython {
       case ValueKind::set:
       case ValueKind::tensor:
       case ValueKind::meta_tensor:
+      case ValueKind::sparse_tensor:
       case ValueKind::bytearray: {
         const void* identity = value.node_identity();
         if (const auto found = shared_.find(identity); found != shared_.end()) return found->second;
-        py::object object = value.kind() == ValueKind::tensor        ? tensor(value.as_tensor())
-                            : value.kind() == ValueKind::meta_tensor ? meta_tensor(value.as_meta_tensor())
-                            : value.kind() == ValueKind::bytearray   ? scalar(value)
-                                                                     : container(value);
+        py::object object = value.kind() == ValueKind::tensor          ? tensor(value.as_tensor())
+                            : value.kind() == ValueKind::meta_tensor   ? meta_tensor(value.as_meta_tensor())
+                            : value.kind() == ValueKind::sparse_tensor ? sparse_tensor(value.as_sparse_tensor())
+                            : value.kind() == ValueKind::bytearray     ? scalar(value)
+                                                                       : container(value);
         shared_.emplace(identity, object);
         return object;
       }
@@ -376,7 +378,8 @@ class ToPython {
       case ValueKind::string: return py::str(value.as_string());
       case ValueKind::bytes: return py::bytes(value.as_bytes());
       case ValueKind::tensor:
-      case ValueKind::meta_tensor: return convert(value);
+      case ValueKind::meta_tensor:
+      case ValueKind::sparse_tensor: return convert(value);
       case ValueKind::complex_number: {
         const std::complex<double> z = value.as_complex();
         return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(z.real(), z.imag()));
@@ -456,6 +459,20 @@ class ToPython {
                         t.requires_grad, t.is_parameter, false, false, false);
   }
 
+  // A sparse tensor: its parts made as the tensors they are, then
+  // holdpoint._convert.sparse_tensor builds torch's (or, without torch or in
+  // an inspect tree, a description holding the parts).
+  py::object sparse_tensor(const SparseTensor& sparse) {
+    static py::object* build = new py::object(py::module_::import("holdpoint._convert").attr("sparse_tensor"));
+    py::tuple parts(sparse.parts.size());
+    for (std::size_t i = 0; i < sparse.parts.size(); ++i) parts[i] = convert(sparse.parts[i]);
+    py::tuple size(sparse.sizes.size());
+    for (std::size_t d = 0; d < sparse.sizes.size(); ++d) size[d] = py::int_(sparse.sizes[d]);
+    return (*build)(py::str(sparse.layout), parts, size,
+                    sparse.coalesced ? py::object(py::bool_(*sparse.coalesced)) : py::object(py::none()),
+                    sparse.requires_grad, sparse.is_parameter);
+  }
+
   py::object make_tensor_;
   const std::unordered_map<const void*, std::size_t>* absent_;
   std::unordered_map<const void*, py::object> buffers_;
@@ -508,6 +525,10 @@ class FromPython {
     Value value = convert_one(object, depth);
     in_progress_.erase(raw);
     converted_.emplace(raw, value);
+    // Held until the save ends, so that no address in converted_ is reused by
+    // another object: a sparse tensor's parts are temporaries the next one's
+    // could otherwise take the place of.
+    alive_.push_back(py::reinterpret_borrow<py::object>(object));
     return value;
   }
 
@@ -602,13 +623,24 @@ class FromPython {
                       "torch.Size, torch.device, torch.layout, tensors and NumPy values)");
     }
     if (!py::isinstance<py::tuple>(parts)) return convert(parts, depth);  // a NumPy scalar's plain value
-    return tensor(parts.cast<py::tuple>());
+    return tensor(parts.cast<py::tuple>(), depth);
   }
 
  private:
   // (buffer, dtype name, shape, stride, offset, requires_grad, is_parameter, identity[, conj, neg]);
   // buffer "meta" for a tensor on the meta device (no elements).
-  Value tensor(const py::tuple& parts) {
+  Value tensor(const py::tuple& parts, int depth) {
+    // ("sparse", layout, (part tensors...), size, is_coalesced or None, requires_grad, is_parameter)
+    if (py::isinstance<py::str>(parts[0]) && parts[0].cast<std::string>() == "sparse") {
+      SparseTensor sparse;
+      sparse.layout = parts[1].cast<std::string>();
+      for (const auto& part : parts[2]) sparse.parts.push_back(convert(part, depth + 1));
+      sparse.sizes = parts[3].cast<std::vector<std::int64_t>>();
+      if (!parts[4].is_none()) sparse.coalesced = parts[4].cast<bool>();
+      sparse.requires_grad = parts[5].cast<bool>();
+      sparse.is_parameter = parts[6].cast<bool>();
+      return Value::sparse_tensor(std::move(sparse));
+    }
     if (py::isinstance<py::str>(parts[0]) && parts[0].cast<std::string>() == "meta") {
       const auto dtype = dtype_from_name(parts[1].cast<std::string>());
       if (!dtype) throw Error(ErrorCode::write_value_unsupported, "save: dtype " + parts[1].cast<std::string>());
@@ -660,6 +692,7 @@ class FromPython {
   std::unordered_map<const void*, std::shared_ptr<const Storage>> storages_;
   std::unordered_map<const PyObject*, Value> converted_;  // containers, by identity
   std::unordered_set<const PyObject*> in_progress_;       // containers being converted
+  std::vector<py::object> alive_;                         // what converted_ names
 };
 
 // ---- entry points ---------------------------------------------------------------------------

@@ -280,7 +280,9 @@ def check_save(report, tmp):
         ("an object", {"x": object()}, "write_value_unsupported"),
         ("a complex key", {1j: 1}, "write_value_unsupported"),
         ("an int past pickle's 255-byte LONG1", {"x": 2**2100}, "write_value_unsupported"),
-        ("a sparse tensor", {"x": torch.eye(2).to_sparse()}, "write_value_unsupported"),
+        ("a sparse tensor whose index lies outside it",
+         {"x": torch.sparse_coo_tensor([[0, 5]], [1.0, 2.0], (3,), check_invariants=False)},
+         "sparse_index_out_of_bounds"),
         ("a NumPy string array", {"x": np.array(["a"])}, "write_value_unsupported"),
     ]:
         target = os.path.join(tmp, "refused", "file.pt")

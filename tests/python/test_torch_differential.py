@@ -8,8 +8,9 @@ complex, str, bytes, bytearray, sets, torch.dtype, torch.Size, torch.device,
 torch.layout); NumPy arrays and scalars (beyond torch's safe loader); tensors of every
 dtype torch.save writes, as views with offsets, transposed and strided, 0-d and empty,
 sharing storages, conjugate and negative views, as nn.Parameters and with
-requires_grad; meta tensors (plain, transposed, Parameters); and the same
-container or tensor referenced from several places.
+requires_grad; meta tensors (plain, transposed, Parameters); sparse tensors of every
+layout (COO coalesced or not and hybrid, CSR/CSC with int32 or int64 indices, batched,
+BSR/BSC, Parameters); and the same container or tensor referenced from several places.
 
 For each tree, both directions are compared strictly:
 - torch.save, then holdpoint.load against torch.load(weights_only=False);
@@ -24,7 +25,7 @@ and every tensor's dtype, shape, strides, storage offset, requires_grad, storage
 and storage bytes. Any difference fails, with the seed that reproduces it.
 
 What holdpoint refuses on purpose (docs/format.md §5.4.3, §5.5, §5.6: cycles,
-frozenset, keys beyond int64 or complex, sparse and other tensor forms not yet read)
+frozenset, keys beyond int64 or complex, tensor forms not yet read)
 is left out of the generator; test_value_types.py and pickle_reader_test check those
 refusals by code.
 
@@ -92,6 +93,7 @@ class Generator:
         self.containers = []  # mutable containers made so far: candidates to reference again
         self.tensors = []     # tensors made so far: candidates to reference again or to view
         self.metas = []       # meta tensors made so far: candidates to reference again
+        self.sparse = []      # sparse tensors made so far: candidates to reference again
         self.arrays = []      # NumPy arrays made so far
         self.v1_13 = True     # whether torch 1.13 could read the tree
         self.numpy = False    # whether the tree holds NumPy arrays
@@ -234,6 +236,8 @@ class Generator:
         r = self.rng
         if r.random() < 0.05:
             return self.meta_tensor()
+        if r.random() < 0.04:
+            return self.sparse_tensor()
         if self.tensors and r.random() < 0.25:
             base = r.choice(self.tensors)
             if r.random() < 0.5:
@@ -276,6 +280,41 @@ class Generator:
                 # (torch's own _rebuild_tensor_v3 cannot load a requires_grad tensor of these)
                 tensor = tensor.detach().requires_grad_(True)
         self.tensors.append(tensor)
+        return tensor
+
+    def sparse_tensor(self):
+        """A sparse tensor of a random layout, made from a random dense one with
+        zeros in it (torch 1.13's loader has no form holdpoint writes for it)."""
+        r = self.rng
+        if self.sparse and r.random() < 0.3:
+            return r.choice(self.sparse)
+        self.v1_13 = False
+        dtype = r.choice([torch.float32, torch.float64, torch.float16, torch.int64, torch.complex64])
+        layout = r.choice(LAYOUTS[1:])
+        batch = [r.randrange(1, 3)] if layout != torch.sparse_coo and r.random() < 0.2 else []
+        block = (r.choice([1, 2]), r.choice([1, 2])) if layout in (torch.sparse_bsr, torch.sparse_bsc) else (1, 1)
+        low = 0 if layout == torch.sparse_coo else 1  # (torch cannot compress an empty matrix into blocks)
+        shape = batch + [block[0] * r.randrange(low, 4), block[1] * r.randrange(low, 4)]
+        # One pattern of nonzeros for every batch (torch needs the same nnz in each).
+        pattern = torch.randint(0, 2, shape[len(batch):], generator=self.torch_rng)
+        dense = (pattern * torch.randint(1, 9, shape, generator=self.torch_rng)).to(dtype)
+        if layout == torch.sparse_coo:
+            tensor = dense.to_sparse(r.choice([1, 2])) if dense.dim() == 2 else dense.to_sparse()
+            if r.random() < 0.3 and tensor._nnz() > 1:
+                # Uncoalesced: the indices in reverse order, the flag off.
+                tensor = torch.sparse_coo_tensor(tensor._indices().flip(1), tensor._values().flip(0), tensor.shape)
+        elif layout in (torch.sparse_bsr, torch.sparse_bsc):
+            tensor = dense.to_sparse(layout=layout, blocksize=block)
+        else:
+            tensor = dense.to_sparse(layout=layout)
+            if r.random() < 0.3:
+                compressed, plain = ((tensor.crow_indices(), tensor.col_indices()) if layout == torch.sparse_csr
+                                     else (tensor.ccol_indices(), tensor.row_indices()))
+                tensor = torch.sparse_compressed_tensor(compressed.int(), plain.int(), tensor.values(), tensor.shape,
+                                                        layout=layout)
+        if (dtype.is_floating_point or dtype.is_complex) and r.random() < 0.25:
+            tensor = torch.nn.Parameter(tensor, requires_grad=r.random() < 0.7)
+        self.sparse.append(tensor)
         return tensor
 
     def meta_tensor(self):
@@ -439,6 +478,15 @@ class Comparer:
         for what in ("dtype", "layout", "device", "requires_grad"):
             if getattr(got, what) != getattr(want, what):
                 self.fail(where, f"tensor {what} {getattr(got, what)}, want {getattr(want, what)}")
+        if want.layout != torch.strided:
+            # Sparse: the shape and coalesced flag, then each part as a dense tensor.
+            if tuple(got.shape) != tuple(want.shape):
+                self.fail(where, f"sparse shape {tuple(got.shape)}, want {tuple(want.shape)}")
+            if want.layout == torch.sparse_coo and got.is_coalesced() != want.is_coalesced():
+                self.fail(where, f"is_coalesced {got.is_coalesced()}, want {want.is_coalesced()}")
+            for i, (g, w) in enumerate(zip(sparse_parts(got), sparse_parts(want))):
+                self.tensor(g, w, f"{where}.part{i}")
+            return
         for what in ("shape", "stride", "storage_offset", "is_conj", "is_neg"):
             g, w = getattr(got, what), getattr(want, what)
             g, w = (g(), w()) if callable(g) else (g, w)
@@ -456,6 +504,15 @@ class Comparer:
             self.storages[g], self.storages_back[w] = w, g
             if bytes(gs) != bytes(ws):
                 self.fail(where, "storage bytes differ")
+
+
+def sparse_parts(t):
+    t = t.detach()
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    return [t.ccol_indices(), t.row_indices(), t.values()]
 
 
 def strict_compare(got, want):

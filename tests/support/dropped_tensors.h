@@ -21,6 +21,10 @@ inline bool reads_as_dropped(const Value& dropped, const Value& full, bool root 
     const TensorData& b = full.as_tensor();
     return a.dtype == b.dtype && a.sizes == b.sizes && a.strides == b.strides && a.storage_offset == b.storage_offset;
   }
+  if (full.is_sparse_tensor()) {
+    // Dropped as a tensor is, checked all the same.
+    return root ? equal_content(dropped, full) : dropped.is_none();
+  }
   if (dropped.kind() != full.kind()) return false;
   switch (full.kind()) {
     case ValueKind::none: return true;
@@ -39,6 +43,7 @@ inline bool reads_as_dropped(const Value& dropped, const Value& full, bool root 
     case ValueKind::dtype:
     case ValueKind::layout:
     case ValueKind::meta_tensor: return equal_content(dropped, full);  // no bytes: never dropped
+    case ValueKind::sparse_tensor: return false;                        // handled above
     case ValueKind::list:
     case ValueKind::tuple:
     case ValueKind::set:
@@ -58,7 +63,7 @@ inline bool reads_as_dropped(const Value& dropped, const Value& full, bool root 
       std::size_t next = 0;
       for (const auto& [key, value] : b) {
         const bool taken = next < a.size() && a.at_index(next).first == key;
-        if (value.is_tensor() && !taken) continue;
+        if ((value.is_tensor() || value.is_sparse_tensor()) && !taken) continue;
         if (!taken || !reads_as_dropped(a.at_index(next).second, value, false)) return false;
         ++next;
       }

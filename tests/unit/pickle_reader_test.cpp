@@ -1202,7 +1202,7 @@ TEST(PickleReader, RejectsGlobalsOutsideTheAllowlist) {
       {"__torch__.torch.nn.modules.linear", "Linear"},
       {"torch._tensor", "_rebuild_from_type_v2"},
       {"torch._utils", "_rebuild_tensor"},
-      {"torch._utils", "_rebuild_sparse_tensor"},
+      {"torch._utils", "_rebuild_nested_tensor"},
       {"torch._utils", "_rebuild_qtensor"},
       {"torch._utils", "_rebuild_parameter_with_state"},
       {"torch.nn.parameter", "Parameter"},
@@ -1782,6 +1782,11 @@ void render(const Value& value, std::string& out, std::unordered_map<const void*
     case ValueKind::layout: out += typed_scalar_text(value); break;
     case ValueKind::meta_tensor:
       out += "t" + std::to_string(number(&value.as_meta_tensor())) + typed_scalar_text(value);
+      break;
+    case ValueKind::sparse_tensor:
+      out += "t" + std::to_string(number(&value.as_sparse_tensor())) + typed_scalar_text(value) + "(";
+      for (const Value& part : value.as_sparse_tensor().parts) render(part, out, seen), out += ",";
+      out += ")";
       break;
     case ValueKind::list:
     case ValueKind::tuple:

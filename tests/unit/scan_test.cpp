@@ -65,7 +65,8 @@ class StructureText {
       case ValueKind::device:
       case ValueKind::dtype:
       case ValueKind::layout:
-      case ValueKind::meta_tensor: out_ << typed_scalar_text(value); break;
+      case ValueKind::meta_tensor:
+      case ValueKind::sparse_tensor: out_ << typed_scalar_text(value); break;
       case ValueKind::list:
       case ValueKind::tuple:
       case ValueKind::set:

@@ -30,7 +30,9 @@ struct Totals {
 };
 
 void count_tensors(const Value& value, Totals& totals) {
-  if (value.is_tensor()) {
+  if (value.is_sparse_tensor()) {
+    for (const Value& part : value.as_sparse_tensor().parts) count_tensors(part, totals);
+  } else if (value.is_tensor()) {
     ++totals.tensors;
     totals.tensor_bytes += value.as_tensor().logical_bytes();
   } else if (value.is_sequence()) {

@@ -99,6 +99,20 @@ class Encoder {
         out["parameter"] = tensor.is_parameter;
         return ordered_json{{"tensor", std::move(out)}};
       }
+      case ValueKind::sparse_tensor: {
+        // The layout, size and flags, and the parts as tensors.
+        const SparseTensor& sparse = value.as_sparse_tensor();
+        ordered_json out;
+        out["layout"] = sparse.layout;
+        out["shape"] = sparse.sizes;
+        if (sparse.coalesced) out["coalesced"] = *sparse.coalesced;
+        out["requires_grad"] = sparse.requires_grad;
+        out["parameter"] = sparse.is_parameter;
+        ordered_json parts = ordered_json::array();
+        for (const Value& part : sparse.parts) parts.push_back(encode(part));
+        out["parts"] = std::move(parts);
+        return ordered_json{{"sparse_tensor", std::move(out)}};
+      }
     }
     return nullptr;
   }

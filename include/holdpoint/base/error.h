@@ -273,7 +273,12 @@ namespace holdpoint {
   X(selection_reload_mismatch, "after loading the staged envelope, the fresh module's tensors differ from the selection record: the load did not take effect") \
   X(selection_output_mismatch, "the reloaded module's output on the probe input differs from the output recorded at selection") \
   X(pickle_cycle, "a list or dict is changed after the memo handed it out: only a container that holds itself (a cycle) is pickled so") \
-  X(tensor_metadata_unsupported, "a tensor's rebuild metadata sets something other than the conj and neg bits, or the conj bit on a tensor that is not complex")
+  X(tensor_metadata_unsupported, "a tensor's rebuild metadata sets something other than the conj and neg bits, or the conj bit on a tensor that is not complex") \
+  X(sparse_indices_invalid, "a sparse tensor's index tensor has a dtype, rank or view its layout does not allow") \
+  X(sparse_shape_invalid, "a sparse tensor's size, index tensors and values disagree in their dimensions") \
+  X(sparse_index_out_of_bounds, "a sparse tensor's index lies outside its size") \
+  X(sparse_compressed_indices_invalid, "a compressed sparse tensor's compressed indices do not run from 0 to nnz without decreasing, or a row's plain indices are not sorted and distinct") \
+  X(sparse_not_coalesced, "a sparse COO tensor marked coalesced has indices out of order or repeated")
 
 enum class ErrorCode : std::uint16_t {
 #define HOLDPOINT_X(name, description) name,

@@ -33,6 +33,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -257,6 +258,10 @@ enum class ValueKind : std::uint8_t {
   // has no storage (and offset 0); as_tensor() refuses it, so code that reads
   // elements never meets one.
   meta_tensor,
+  // A sparse tensor (layout COO, CSR, CSC, BSR or BSC), as
+  // torch._utils._rebuild_sparse_tensor rebuilds it: a SparseTensor whose
+  // parts are ordinary tensor Values (as_sparse_tensor()).
+  sparse_tensor,
 };
 
 std::string_view value_kind_name(ValueKind kind) noexcept;
@@ -277,9 +282,11 @@ class Value;
 bool valid_set_item(const Value& value) noexcept;
 
 // How messages and listings print a complex, torch.device, torch.dtype,
-// torch.layout or meta tensor value: "complex(1, -2)", "device('cuda:1')",
-// "torch.float16", "torch.strided", "tensor(meta, float32, size=[2, 3],
-// stride=[3, 1])". Throws Error(invalid_argument) for any other kind.
+// torch.layout, meta tensor or sparse tensor value: "complex(1, -2)",
+// "device('cuda:1')", "torch.float16", "torch.strided", "tensor(meta, float32,
+// size=[2, 3], stride=[3, 1])", "tensor(sparse_coo, float32, size=[2, 3],
+// nnz=3, coalesced)" (a sparse tensor's header, not its elements). Throws
+// Error(invalid_argument) for any other kind.
 std::string typed_scalar_text(const class Value& value);
 
 // A float as Python's repr writes it: the shortest text that reads back to the
@@ -289,8 +296,8 @@ std::string float_text(double value);
 // A one-line summary of any value but a container or tensor, for listings and
 // diffs: None, True, 42, 0.1, 'text' (cut past max_string_chars), bytes(12),
 // bytearray(3), set(4), torch.Size([2, 3]) and typed_scalar_text's forms.
-// Empty for a list, tuple, dict, OrderedDict or tensor (their callers print
-// those their own way).
+// Empty for a list, tuple, dict, OrderedDict or dense tensor (their callers
+// print those their own way).
 std::string scalar_text(const class Value& value, std::size_t max_string_chars = 80);
 
 // The decimal text of a big_integer's bytes ("-340282366920938463463374607431768211456").
@@ -434,6 +441,9 @@ class Value {
   // requires_grad and is_parameter; it must have no storage, no offset and no
   // conj/neg/NumPy marks (Error(invalid_argument) otherwise).
   static Value meta_tensor(TensorData tensor);
+  // A sparse tensor (ValueKind::sparse_tensor); validate_sparse_tensor must
+  // pass (its Error otherwise).
+  static Value sparse_tensor(struct SparseTensor sparse);
 
   ValueKind kind() const noexcept { return kind_; }
   // The NumPy dtype of a value read from a NumPy scalar; nullopt otherwise.
@@ -461,6 +471,7 @@ class Value {
   bool is_size() const noexcept { return kind_ == ValueKind::size; }
   bool is_layout() const noexcept { return kind_ == ValueKind::layout; }
   bool is_meta_tensor() const noexcept { return kind_ == ValueKind::meta_tensor; }
+  bool is_sparse_tensor() const noexcept { return kind_ == ValueKind::sparse_tensor; }
 
   // Accessors throw Error(invalid_argument) naming both kinds on a mismatch.
   bool as_bool() const;
@@ -482,6 +493,7 @@ class Value {
   const TensorData& as_tensor() const;
   // A meta tensor's geometry (its storage is null).
   const TensorData& as_meta_tensor() const;
+  const struct SparseTensor& as_sparse_tensor() const;
   const std::shared_ptr<const TensorData>& tensor_ptr() const;
 
   // Builders: mutable access to a list or dict this Value holds.
@@ -494,7 +506,7 @@ class Value {
  private:
   using Node = std::variant<std::monostate, bool, std::int64_t, double, std::shared_ptr<const std::string>,
                             std::shared_ptr<List>, std::shared_ptr<Dict>, std::shared_ptr<const TensorData>,
-                            std::complex<double>>;
+                            std::complex<double>, std::shared_ptr<const struct SparseTensor>>;
   Value(ValueKind kind, Node node) : kind_(kind), node_(std::move(node)) {}
   friend bool valid_set_item(const Value& value) noexcept;
 
@@ -503,6 +515,45 @@ class Value {
   std::uint8_t numpy_dtype_ = kNotNumpy;  // a DType, for a NumPy scalar
   Node node_;
 };
+
+// A sparse tensor, as torch.save writes one (torch._utils._rebuild_sparse_tensor
+// with the layout and its parts) and torch.sparse_coo_tensor /
+// torch.sparse_compressed_tensor build it.
+struct SparseTensor {
+  // "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
+  // "torch.sparse_bsr" or "torch.sparse_bsc".
+  std::string layout;
+  Dims sizes;
+  // COO only: the is_coalesced flag torch.save writes; nullopt for the older
+  // three-part form, and always for the compressed layouts.
+  std::optional<bool> coalesced;
+  // Tensor Values. COO: indices (int64, sparse_dim x nnz) and values
+  // (nnz x dense sizes). Compressed: compressed indices (batch x (n + 1)),
+  // plain indices (batch x nnz), both int32 or both int64, and values
+  // (batch x nnz [x block] x dense sizes).
+  std::vector<Value> parts;
+  bool is_parameter = false;   // rebuilt through _rebuild_parameter
+  bool requires_grad = false;  // only an nn.Parameter keeps it (torch.save drops it otherwise)
+
+  bool is_coo() const noexcept { return layout == "torch.sparse_coo"; }
+  const TensorData& values() const { return parts.back().as_tensor(); }
+};
+
+// Whether `layout` is one of the five sparse layouts' names.
+bool is_sparse_layout(std::string_view layout) noexcept;
+
+// torch's invariants of a sparse tensor, those torch._validate_sparse_coo_tensor_args
+// and torch._validate_sparse_compressed_tensor_args check (which torch.load applies
+// only when torch.sparse.check_sparse_tensor_invariants is on; holdpoint always
+// does): part count and kinds, index dtypes and ranks, the agreement of size,
+// indices and values, every index inside the size, compressed indices that
+// start at 0, end at nnz and never decrease or step past the plain dimension,
+// plain indices sorted and distinct within each compressed slice, and, for a
+// COO tensor marked coalesced, indices in strictly increasing order. Reads the
+// index tensors' elements; where their storage has no bytes (a scan's
+// Storage::absent), checks only the rest. Throws Error with one sparse_* code per failure
+// (pickle_call_args_invalid for a wrong layout or parts that are not tensors).
+void validate_sparse_tensor(const SparseTensor& sparse);
 
 // Hands the tensors of `root` that view `snapshot` (a private buffer the
 // caller's reader made, LoadedMapping::snapshot) over to whoever applies

@@ -467,6 +467,7 @@ ParsedFile interpret_zip_records(const ZipArchive& archive, ZipRecordSource& sou
   ZipStorageResolver resolver(archive, source, big_endian, options.before_storage);
   PickleOptions pickle_options;
   pickle_options.drop_tensors = options.drop_tensors;
+  pickle_options.read_absent = options.read_absent;
   pickle_options.on_spent = options.on_pickle_spent;
   PickleResult result = read_pickle(source.record_bytes(*pickle), resolver, limits, pickle_options);
 

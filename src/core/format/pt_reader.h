@@ -104,6 +104,8 @@ class ZipRecordSource {
 // What interpret_zip_records keeps beyond the verdict.
 struct InterpretOptions {
   bool drop_tensors = false;  // PickleOptions::drop_tensors
+  // PickleOptions::read_absent, for a source whose storages come without bytes.
+  std::function<std::shared_ptr<const Storage>(const Storage& absent)> read_absent;
   bool list_records = true;   // fill ParsedFile::records
   // PickleOptions::on_spent, for data.pkl.
   std::function<void(std::size_t spent_bytes)> on_pickle_spent;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/crc32.h"
 #include "base/fail.h"
 #include "holdpoint/base/sha256.h"
 #include "base/regular_file.h"
@@ -206,13 +207,22 @@ class ScanRecordSource final : public format::ZipRecordSource {
   ScanRecordSource(const format::ZipStreamChecker& checker, ScanKeeps keeps, ResumeKeeps* resume = nullptr)
       : checker_(checker), keeps_(keeps), resume_(resume) {}
   std::span<const std::byte> record_bytes(const format::ZipEntry& entry) override { return checker_.kept(entry); }
-  std::shared_ptr<const Storage> storage(const format::ZipEntry& entry, const format::StorageRequest&,
+  std::shared_ptr<const Storage> storage(const format::ZipEntry& entry, const format::StorageRequest& request,
                                          bool big_endian) override {
     const auto size = static_cast<std::size_t>(entry.size);
     if (resume_) return resume_storage(entry, big_endian);
     if (keeps_ == ScanKeeps::tree) {
       auto storage = Storage::absent(size);
       locations_.push_back({storage->identity(), entry.data_offset, entry.size, entry.crc32});
+      index_records_.emplace(storage->identity(), &entry);
+      return storage;
+    }
+    // Integer storages may hold a sparse tensor's indices, which read_absent
+    // reads back: each its own, so that its identity names its record.
+    if (request.dtype == DType::int64 || request.dtype == DType::int32) {
+      auto storage = Storage::absent(size);
+      index_records_.emplace(storage->identity(), &entry);
+      kept_absent_.push_back(storage);
       return storage;
     }
     std::shared_ptr<const Storage>& shared = by_size_[size];
@@ -220,6 +230,22 @@ class ScanRecordSource final : public format::ZipRecordSource {
     return shared;
   }
   std::vector<StorageLocation> take_locations() { return std::move(locations_); }
+
+  // PickleOptions::read_absent: a record's bytes read again from the file,
+  // which must still have the CRC-32 the stream checked.
+  std::shared_ptr<const Storage> read_absent(int fd, std::uint64_t file_size, const Storage& absent) const {
+    const auto found = index_records_.find(absent.identity());
+    if (found == index_records_.end()) {
+      fail(ErrorCode::invalid_argument, "scan: a storage without bytes that names no record of this archive");
+    }
+    const format::ZipEntry& entry = *found->second;
+    std::vector<std::byte> bytes(static_cast<std::size_t>(entry.size));
+    read_exactly(fd, bytes.data(), bytes.size(), entry.data_offset, file_size);
+    if (io::crc32_of(bytes) != entry.crc32) {
+      fail(ErrorCode::file_changed_during_read, "record ", entry.record(), " changed after the scan streamed it");
+    }
+    return Storage::copy_of(bytes);
+  }
 
  private:
   std::shared_ptr<const Storage> resume_storage(const format::ZipEntry& entry, bool big_endian) {
@@ -241,6 +267,8 @@ class ScanRecordSource final : public format::ZipRecordSource {
   ScanKeeps keeps_;
   ResumeKeeps* resume_;
   std::vector<StorageLocation> locations_;
+  std::unordered_map<const void*, const format::ZipEntry*> index_records_;  // by storage identity
+  std::vector<std::shared_ptr<const Storage>> kept_absent_;  // so that no identity is reused
   std::unordered_map<std::size_t, std::shared_ptr<const Storage>> by_size_;
 };
 
@@ -248,7 +276,7 @@ class ScanRecordSource final : public format::ZipRecordSource {
 // dict entry for a tensor, None for one in a list or tuple (for the
 // safetensors and legacy paths, which build the tree first).
 Value without_tensors(const Value& value, bool root = true) {
-  if (value.is_tensor()) return root ? value : Value::none();
+  if (value.is_tensor() || value.is_sparse_tensor()) return root ? value : Value::none();
   if (value.is_sequence()) {
     Value::List items;
     items.reserve(value.as_list().size());
@@ -258,7 +286,7 @@ Value without_tensors(const Value& value, bool root = true) {
   if (value.is_dict()) {
     Dict entries;
     for (const auto& [key, item] : value.as_dict()) {
-      if (!item.is_tensor()) entries.insert(key, without_tensors(item, false));
+      if (!item.is_tensor() && !item.is_sparse_tensor()) entries.insert(key, without_tensors(item, false));
     }
     if (const auto& metadata = value.as_dict().metadata()) entries.set_metadata(*metadata);
     return value.kind() == ValueKind::ordered_dict ? Value::ordered_dict(std::move(entries))
@@ -387,6 +415,9 @@ LoadedMapping scan_open_file(int fd, std::uint64_t file_size, const std::filesys
     format::InterpretOptions interpret;
     interpret.drop_tensors = keeps == ScanKeeps::verdict;
     interpret.list_records = keeps == ScanKeeps::tree;
+    interpret.read_absent = [&source, fd, file_size](const Storage& absent) {
+      return source.read_absent(fd, file_size, absent);
+    };
     parsed = format::interpret_zip_records(*archive, source, limits, interpret);
     locations = source.take_locations();
   } else {

@@ -112,6 +112,8 @@ void fingerprint_value(Sha256& hasher, const Value& value, const StorageTable& t
     case ValueKind::dtype:
     case ValueKind::layout:
     case ValueKind::meta_tensor: text(typed_scalar_text(value)); return;
+    // Not partitioned: every rank writes a sparse tensor whole, as it writes a scalar.
+    case ValueKind::sparse_tensor: text(typed_scalar_text(value)); return;
     case ValueKind::set:
     case ValueKind::size:
       u64(value.as_list().size());

@@ -37,6 +37,9 @@ void gather(const Value& value, std::unordered_map<const void*, std::shared_ptr<
     case ValueKind::ordered_dict:
       for (const auto& [key, item] : value.as_dict()) gather(item, found, order);
       break;
+    case ValueKind::sparse_tensor:
+      for (const Value& part : value.as_sparse_tensor().parts) gather(part, found, order);
+      break;
     default: break;
   }
 }
@@ -60,6 +63,11 @@ Value rewrite(const Value& value, const std::unordered_map<const void*, std::sha
       for (const auto& [key, item] : value.as_dict()) entries.insert(key, rewrite(item, staged));
       if (value.as_dict().metadata()) entries.set_metadata(*value.as_dict().metadata());
       return value.is_ordered_dict() ? Value::ordered_dict(std::move(entries)) : Value::dict(std::move(entries));
+    }
+    case ValueKind::sparse_tensor: {
+      SparseTensor copy = value.as_sparse_tensor();
+      for (Value& part : copy.parts) part = rewrite(part, staged);
+      return Value::sparse_tensor(std::move(copy));
     }
     default: return value;
   }

@@ -127,7 +127,8 @@ void append_canonical(std::string& out, const Value& value, const std::string& p
     case ValueKind::dtype:
     case ValueKind::size:
     case ValueKind::layout:
-    case ValueKind::meta_tensor: break;
+    case ValueKind::meta_tensor:
+    case ValueKind::sparse_tensor: break;
   }
   fail(ErrorCode::config_invalid, path, " is a ", value_kind_name(value.kind()),
        "; configuration values are None, bool, int, float, str, lists and dicts");

@@ -556,6 +556,19 @@ class DigestEncoder {
       case ValueKind::dtype: tag('y'); text(dtype_name(value.as_dtype())); return;
       case ValueKind::layout: tag('L'); text(value.as_layout()); return;
       case ValueKind::meta_tensor: tag('m'); text(typed_scalar_text(value)); return;
+      case ValueKind::sparse_tensor: {
+        // Its layout, size and flags, then its parts as the tensors they are.
+        const SparseTensor& sparse = value.as_sparse_tensor();
+        tag('P');
+        text(sparse.layout);
+        u64(sparse.sizes.size());
+        for (auto size : sparse.sizes) u64(static_cast<std::uint64_t>(size));
+        tag(!sparse.coalesced ? '-' : *sparse.coalesced ? 'C' : 'c');
+        tag(sparse.is_parameter ? (sparse.requires_grad ? 'G' : 'P') : 'p');
+        u64(sparse.parts.size());
+        for (const Value& part : sparse.parts) encode(part);
+        return;
+      }
       case ValueKind::set:
       case ValueKind::size:
         tag(value.is_set() ? 'S' : 'z');
@@ -656,6 +669,17 @@ Value contract_of(const Value& state) {
       Dict entry;
       entry.insert("kind", Value::string(std::string(value_kind_name(state.kind()))));
       entry.insert("items", Value::list(std::move(items)));
+      return Value::dict(std::move(entry));
+    }
+    case ValueKind::sparse_tensor: {
+      const SparseTensor& sparse = state.as_sparse_tensor();
+      Value::List shape;
+      for (std::int64_t size : sparse.sizes) shape.push_back(Value::integer(size));
+      Dict entry;
+      entry.insert("kind", Value::string("sparse Tensor"));
+      entry.insert("layout", Value::string(sparse.layout));
+      entry.insert("dtype", Value::string(std::string(dtype_name(sparse.values().dtype))));
+      entry.insert("shape", Value::list(std::move(shape)));
       return Value::dict(std::move(entry));
     }
     case ValueKind::dict:

@@ -193,6 +193,20 @@ class TreeWalk {
       case ValueKind::meta_tensor:
         if (!equal_content(a, b)) add(entry(path, where, DiffChange::value_changed, value_text(a), value_text(b)));
         return;
+      case ValueKind::sparse_tensor: {
+        // A changed header (layout, size, flags, nnz) is one entry; under an
+        // equal header the parts compare as the tensors they are.
+        if (typed_scalar_text(a) != typed_scalar_text(b)) {
+          add(entry(path, where, DiffChange::value_changed, value_text(a), value_text(b)));
+          return;
+        }
+        const auto& x = a.as_sparse_tensor().parts;
+        const auto& y = b.as_sparse_tensor().parts;
+        for (std::size_t i = 0; i < x.size() && i < y.size(); ++i) {
+          compare_tensors(x[i], y[i], path + ".part" + std::to_string(i), where);
+        }
+        return;
+      }
     }
   }
 

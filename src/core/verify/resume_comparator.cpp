@@ -258,6 +258,14 @@ class StateWalker {
         return;
       }
       case ValueKind::tensor: tensor(expected.as_tensor(), actual.as_tensor(), path); return;
+      case ValueKind::sparse_tensor: {
+        // The header exactly (layout, size, flags, nnz), then each part as a tensor.
+        exact_text(typed_scalar_text(expected), typed_scalar_text(actual), here);
+        const auto& a = expected.as_sparse_tensor().parts;
+        const auto& b = actual.as_sparse_tensor().parts;
+        for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) walk(a[i], b[i], path + ".part" + std::to_string(i));
+        return;
+      }
     }
   }
 

@@ -67,6 +67,7 @@ enum class GlobalKind : std::uint8_t {
   rebuild_tensor_v3,
   rebuild_parameter,
   rebuild_meta_tensor,   // _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)
+  rebuild_sparse_tensor, // _rebuild_sparse_tensor(layout, (parts..., size[, is_coalesced]))
   codecs_encode,
   empty_bytes,           // bytes(): how pickle protocol 2 writes b'' (a NumPy empty array's data)
   storage_type,          // torch.<X>Storage: a persistent-id tag, never called
@@ -267,6 +268,7 @@ std::string global_name(const GlobalRef& global) {
     case GlobalKind::rebuild_tensor_v3: return "torch._utils._rebuild_tensor_v3";
     case GlobalKind::rebuild_parameter: return "torch._utils._rebuild_parameter";
     case GlobalKind::rebuild_meta_tensor: return "torch._utils._rebuild_meta_tensor_no_storage";
+    case GlobalKind::rebuild_sparse_tensor: return "torch._utils._rebuild_sparse_tensor";
     case GlobalKind::codecs_encode: return "_codecs.encode";
     case GlobalKind::empty_bytes: return "builtins.bytes";
     case GlobalKind::storage_type: return "torch." + std::string(*dtype_storage_class(global.dtype));
@@ -594,8 +596,15 @@ class Machine {
   // take_value for what a container takes in (PickleOptions::drop_tensors).
   Value take_element(const Item& item, std::string_view role) {
     Value value = take_value(item, role);
-    if (options_.drop_tensors && value.is_tensor()) return Value::none();
+    if (options_.drop_tensors && (value.is_tensor() || value.is_sparse_tensor())) return Value::none();
     return value;
+  }
+  // Whether a container drops `item` rather than take it (drop_tensors): a
+  // tensor, sparse ones included (a meta tensor holds no data, and stays).
+  bool drops(const Item& item) const {
+    if (!options_.drop_tensors) return false;
+    const auto kind = value_kind(item);
+    return kind == ValueKind::tensor || kind == ValueKind::sparse_tensor;
   }
   Value& make_mutable(Item& container);
   bool is_empty_dict(const Item& item) const;
@@ -717,6 +726,7 @@ class Machine {
   void read_tensor_metadata(const Item& metadata, DType dtype, bool& conjugate, bool& negative) const;
   Item reduce_parameter(const Item& args);
   Item reduce_meta_tensor(const Item& args);
+  Item reduce_sparse_tensor(const Item& args);
   Item reduce_numpy_dtype(const Item& args);
   Item reduce_numpy_reconstruct(const Item& args);
   Item reduce_numpy_scalar(const Item& args);
@@ -1033,7 +1043,7 @@ Value Machine::take_value(const Item& item, std::string_view role) {
         bool dropped = false;
         for (std::size_t i = 0; i < tuple.count; ++i) {
           const Item& element = tuple_elements_[tuple.first + i];
-          dropped = dropped || (options_.drop_tensors && value_kind(element) == ValueKind::tensor);
+          dropped = dropped || drops(element);
           elements.push_back(take_element(element, "a tuple element"));
         }
         values_.push_back(Value::tuple(std::move(elements)));
@@ -1225,7 +1235,7 @@ void Machine::do_append(bool from_mark) {
   bool dropped = false;
   for (std::size_t i = first; i < stack_.size(); ++i) {
     add_child(target, stack_[i]);
-    dropped = dropped || (options_.drop_tensors && value_kind(stack_[i]) == ValueKind::tensor);
+    dropped = dropped || drops(stack_[i]);
     items.push_back(take_element(stack_[i], "a list element"));
   }
   if (dropped) sequences_with_dropped_tensors_.try_emplace(&items, values_[target.index]);
@@ -1272,7 +1282,7 @@ void Machine::set_item(Item& target, const Item& key, const Item& value) {
   const auto duplicate = [&] {
     error(ErrorCode::pickle_duplicate_key, "key ", printable(dict_key().to_string()), " occurs twice");
   };
-  if (options_.drop_tensors && value_kind(value) == ValueKind::tensor) {
+  if (drops(value)) {
     Value& container = make_mutable(target);
     const Dict& dict = container.as_dict();
     const bool present = (object_key                 ? dict.find(*object_key)
@@ -1457,6 +1467,7 @@ GlobalRef Machine::resolve_global(std::string_view module, std::string_view name
     if (name == "_rebuild_tensor_v3") return {GlobalKind::rebuild_tensor_v3, kNoDType, 0};
     if (name == "_rebuild_parameter") return {GlobalKind::rebuild_parameter, kNoDType, 0};
     if (name == "_rebuild_meta_tensor_no_storage") return {GlobalKind::rebuild_meta_tensor, kNoDType, 0};
+    if (name == "_rebuild_sparse_tensor") return {GlobalKind::rebuild_sparse_tensor, kNoDType, 0};
   }
   if (module == "_codecs" && name == "encode") return {GlobalKind::codecs_encode, kNoDType, 0};
   if ((module == "__builtin__" || module == "builtins") && name == "bytes") return {GlobalKind::empty_bytes, kNoDType, 0};
@@ -1700,6 +1711,7 @@ void Machine::do_reduce() {
     case GlobalKind::rebuild_tensor_v3: push(reduce_tensor(args, true)); return;
     case GlobalKind::rebuild_parameter: push(reduce_parameter(args)); return;
     case GlobalKind::rebuild_meta_tensor: push(reduce_meta_tensor(args)); return;
+    case GlobalKind::rebuild_sparse_tensor: push(reduce_sparse_tensor(args)); return;
     case GlobalKind::codecs_encode: push(reduce_codecs_encode(args)); return;
     case GlobalKind::empty_bytes: push(reduce_empty_bytes(args)); return;
     case GlobalKind::numpy_dtype: push(reduce_numpy_dtype(args)); return;
@@ -2029,16 +2041,27 @@ Item Machine::tensor_item(const StorageRef& storage_ref, DType dtype, std::int64
 }
 
 // _rebuild_parameter(tensor, requires_grad, OrderedDict()): nn.Parameter, of a
-// tensor or a meta tensor.
+// tensor, a meta tensor or a sparse tensor.
 Item Machine::reduce_parameter(const Item& args) {
   const bool triple = tuple_size(args) == 3;
   const auto data_kind = triple ? value_kind(element(args, 0)) : std::nullopt;
-  if ((data_kind != ValueKind::tensor && data_kind != ValueKind::meta_tensor) ||
+  if ((data_kind != ValueKind::tensor && data_kind != ValueKind::meta_tensor &&
+       data_kind != ValueKind::sparse_tensor) ||
       element(args, 1).kind != ItemKind::boolean) {
     error(ErrorCode::pickle_call_args_invalid, "_rebuild_parameter takes exactly (Tensor, bool, OrderedDict())");
   }
   check_hooks(element(args, 2), "backward_hooks");
   const Value& data = values_[element(args, 0).index];
+  if (data.is_sparse_tensor()) {
+    SparseTensor parameter = data.as_sparse_tensor();
+    parameter.is_parameter = true;
+    parameter.requires_grad = element(args, 1).boolean;
+    if (parameter.requires_grad && !dtype_is_differentiable(parameter.values().dtype)) {
+      error(ErrorCode::tensor_requires_grad_invalid, "requires_grad on a sparse parameter of ",
+            dtype_name(parameter.values().dtype), " values");
+    }
+    return value_item(Value::sparse_tensor(std::move(parameter)));
+  }
   TensorData parameter = data.is_tensor() ? data.as_tensor() : data.as_meta_tensor();
   parameter.is_parameter = true;
   parameter.requires_grad = element(args, 1).boolean;
@@ -2098,6 +2121,88 @@ Item Machine::reduce_meta_tensor(const Item& args) {
     error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " tensors");
   }
   return value_item(Value::meta_tensor(std::move(tensor)));
+}
+
+// _rebuild_sparse_tensor(layout, data): a sparse tensor, with data
+// (indices, values, size[, is_coalesced]) for COO and (compressed indices,
+// plain indices, values, size) for CSR, CSC, BSR and BSC. torch builds it
+// unchecked and validates it after the load only when asked
+// (torch.sparse.check_sparse_tensor_invariants); here validate_sparse_tensor
+// runs on every one. Only the parts' own tensors hold data; the sparse tensor
+// counts against max_tensors besides them.
+Item Machine::reduce_sparse_tensor(const Item& args) {
+  constexpr const char* kCallable = "_rebuild_sparse_tensor";
+  if (tuple_size(args) != 2 || value_kind(element(args, 0)) != ValueKind::layout ||
+      element(args, 1).kind != ItemKind::tuple) {
+    error(ErrorCode::pickle_call_args_invalid, kCallable, " takes (layout, (parts..., size)), not ",
+          describe(args));
+  }
+  SparseTensor sparse;
+  sparse.layout = values_[element(args, 0).index].as_layout();
+  if (!is_sparse_layout(sparse.layout)) {
+    error(ErrorCode::pickle_call_args_invalid, kCallable, " of layout ", sparse.layout, ", which is not sparse");
+  }
+  const Item& data = element(args, 1);
+  const std::size_t count = tuple_size(data);
+  // COO: 3 (indices, values, size) or 4 (+ is_coalesced); compressed: 4.
+  const std::size_t tensors = sparse.is_coo() ? 2 : 3;
+  const bool flag = sparse.is_coo() && count == 4;
+  if (count != tensors + 1 + (flag ? 1 : 0)) {
+    error(ErrorCode::pickle_call_args_invalid, kCallable, " of ", sparse.layout, " takes ",
+          sparse.is_coo() ? "(indices, values, size[, is_coalesced])"
+                          : "(compressed_indices, plain_indices, values, size)",
+          ", not ", count, " items");
+  }
+  for (std::size_t i = 0; i < tensors; ++i) {
+    const Item& part = element(data, i);
+    if (value_kind(part) != ValueKind::tensor) {
+      error(ErrorCode::pickle_call_args_invalid, kCallable, "'s part ", i, " is a ", describe(part), ", not a tensor");
+    }
+    sparse.parts.push_back(values_[part.index]);
+  }
+  const Item& size = element(data, tensors);
+  const auto size_kind = value_kind(size);
+  if (size_kind != ValueKind::size && size_kind != ValueKind::tuple) {
+    error(ErrorCode::pickle_call_args_invalid, kCallable, "'s size is a ", describe(size), ", not a torch.Size");
+  }
+  sparse.sizes = int_tuple(size, "size");
+  if (sparse.sizes.size() > limits_.max_tensor_rank) {
+    error(ErrorCode::tensor_rank_limit, "a sparse tensor of rank ", sparse.sizes.size(), " exceeds max_tensor_rank ",
+          limits_.max_tensor_rank);
+  }
+  if (flag) {
+    const Item& coalesced = element(data, tensors + 1);
+    if (coalesced.kind != ItemKind::boolean && coalesced.kind != ItemKind::none) {
+      error(ErrorCode::pickle_call_args_invalid, kCallable, "'s is_coalesced is a ", describe(coalesced),
+            ", not a bool");
+    }
+    if (coalesced.kind == ItemKind::boolean) sparse.coalesced = coalesced.boolean;
+  }
+  if (++tensor_count_ > limits_.max_tensors) {
+    error(ErrorCode::tensor_count_limit, "more than max_tensors ", limits_.max_tensors, " tensors");
+  }
+  try {
+    // A scan's parts have no bytes: their index values are checked on a copy
+    // with the bytes read back (read_absent), then let go.
+    const auto absent = [](const Value& part) {
+      const TensorData& t = part.as_tensor();
+      return t.numel() != 0 && t.storage && !t.storage->has_bytes();
+    };
+    // The index parts: all but the values, the last.
+    if (options_.read_absent && std::any_of(sparse.parts.begin(), sparse.parts.end() - 1, absent)) {
+      SparseTensor readable = sparse;
+      for (auto part = readable.parts.begin(); part != readable.parts.end() - 1; ++part) {
+        if (!absent(*part)) continue;
+        TensorData copy = part->as_tensor();
+        copy.storage = options_.read_absent(*copy.storage);
+        *part = Value::tensor(std::move(copy));
+      }
+      validate_sparse_tensor(readable);
+    }
+    return value_item(Value::sparse_tensor(std::move(sparse)));
+  } catch (const Error& refused) {
+    error(refused.code(), refused.detail());
+  }
 }
 
 // ---- BUILD ------------------------------------------------------------------------------

@@ -75,6 +75,12 @@ struct PickleOptions {
   // inputs are refused, and with which code, is the same either way; a
   // message may then name a dropped tensor's kind as none.
   bool drop_tensors = false;
+  // The bytes of a storage the resolver gave without them (Storage::absent: a
+  // scan that checks records without keeping them), for the one check that
+  // reads tensor elements while parsing: a sparse tensor's index values
+  // (validate_sparse_tensor). Used for those checks only, then let go. Empty:
+  // such a sparse tensor gets the checks its absent indices allow.
+  std::function<std::shared_ptr<const Storage>(const Storage& absent)> read_absent;
   // Called every spend_every_bytes of a zip archive's pickle with a count of bytes
   // from its start that the VM has left behind for good: it will not read
   // them again, and neither it nor the Value it returns keeps a view into

@@ -62,6 +62,10 @@ class Emitter {
       case ValueKind::tensor: ++tensor_uses_[value.tensor_ptr().get()]; return;
       case ValueKind::meta_tensor: ++tensor_uses_[&value.as_meta_tensor()]; return;
       case ValueKind::bytearray: ++container_uses_[value.node_identity()]; return;
+      case ValueKind::sparse_tensor:
+        if (++container_uses_[value.node_identity()] > 1) return;
+        for (const Value& part : value.as_sparse_tensor().parts) count_tensor_uses(part, level + 1);
+        return;
       case ValueKind::list:
       case ValueKind::tuple:
       case ValueKind::set:
@@ -93,6 +97,7 @@ class Emitter {
       case ValueKind::set: emit_set(value.as_list(), level); break;
       case ValueKind::dict: emit_dict(value.as_dict(), false, level); break;
       case ValueKind::bytearray: emit_bytearray(value.as_bytes()); break;
+      case ValueKind::sparse_tensor: emit_sparse_tensor(value.as_sparse_tensor(), level); break;
       default: emit_dict(value.as_dict(), true, level); break;
     }
     // Memoized once whole: readers (holdpoint's among them) freeze a
@@ -620,14 +625,18 @@ class Emitter {
   }
 
   // After a rebuild call's REDUCE: the _rebuild_parameter wrap's arguments for an
-  // nn.Parameter, the count, and a memo slot for a tensor the tree holds twice.
+  // nn.Parameter (whose global went before the rebuild call's).
+  void close_parameter(bool is_parameter, bool requires_grad) {
+    if (!is_parameter) return;
+    emit_bool(requires_grad);
+    emit_empty_ordered_dict();
+    put(op::TUPLE3);
+    put(op::REDUCE);
+  }
+
+  // close_parameter, the count, and a memo slot for a tensor the tree holds twice.
   void close_tensor(const TensorData& tensor, bool memoizable) {
-    if (tensor.is_parameter) {
-      emit_bool(tensor.requires_grad);
-      emit_empty_ordered_dict();
-      put(op::TUPLE3);
-      put(op::REDUCE);
-    }
+    close_parameter(tensor.is_parameter, tensor.requires_grad);
     ++tensor_count_;
     if (memoizable && tensor_uses_[&tensor] > 1) {
       const std::uint32_t index = memo_count_++;
@@ -653,6 +662,27 @@ class Emitter {
     close_tensor(tensor, true);
   }
 
+  // _rebuild_sparse_tensor(_get_layout(layout), (parts..., torch.Size(size)[, is_coalesced])),
+  // in _rebuild_parameter(...) for an nn.Parameter, as torch.save writes a
+  // sparse tensor (it writes is_coalesced for every COO tensor; a tensor read
+  // from the older three-part form is written back in that form). Memoized by
+  // emit_container.
+  void emit_sparse_tensor(const SparseTensor& sparse, std::uint32_t level) {
+    refuse_in_torch_1_13("sparse tensor (holdpoint writes sparse tensors only for torch 2.x)");
+    validate_sparse_tensor(sparse);
+    if (sparse.is_parameter) emit_global("torch._utils", "_rebuild_parameter");
+    emit_call("torch._utils", "_rebuild_sparse_tensor", op::TUPLE2, [&] {
+      emit_layout(sparse.layout);
+      put(op::MARK);
+      for (const Value& part : sparse.parts) emit(part, level + 1);
+      emit_call("torch", "Size", op::TUPLE1, [&] { emit_int_tuple(sparse.sizes); });
+      if (sparse.coalesced) emit_bool(*sparse.coalesced);
+      put(op::TUPLE);
+    });
+    close_parameter(sparse.is_parameter, sparse.requires_grad);
+    ++tensor_count_;
+  }
+
   void emit(const Value& value, std::uint32_t level) {
     switch (value.kind()) {
       case ValueKind::none: put(op::NONE); return;
@@ -675,6 +705,7 @@ class Emitter {
       case ValueKind::size: emit_size(value.as_list()); return;
       case ValueKind::layout: emit_layout(value.as_layout()); return;
       case ValueKind::meta_tensor: emit_meta_tensor(value.as_meta_tensor()); return;
+      case ValueKind::sparse_tensor: emit_container(value, level); return;
     }
     fail(ErrorCode::write_value_unsupported, "pickle writer: unknown value kind");
   }

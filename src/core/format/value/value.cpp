@@ -226,6 +226,7 @@ std::string_view value_kind_name(ValueKind kind) noexcept {
     case ValueKind::size: return "torch.Size";
     case ValueKind::layout: return "torch.layout";
     case ValueKind::meta_tensor: return "meta Tensor";
+    case ValueKind::sparse_tensor: return "sparse Tensor";
   }
   return "unknown";
 }
@@ -680,6 +681,15 @@ std::string typed_scalar_text(const Value& value) {
              ", size=" + shape_text(t.sizes) + ", stride=" + shape_text(t.strides) +
              (t.requires_grad ? ", requires_grad" : "") + ")";
     }
+    case ValueKind::sparse_tensor: {
+      const SparseTensor& s = value.as_sparse_tensor();
+      const Dims& index_sizes = s.parts[s.is_coo() ? 0 : 1].as_tensor().sizes;
+      const std::int64_t nnz = index_sizes.size() ? index_sizes[index_sizes.size() - 1] : 0;
+      return std::string(s.is_parameter ? "Parameter" : "tensor") + "(" + s.layout.substr(s.layout.find('.') + 1) +
+             ", " + std::string(dtype_name(s.values().dtype)) + ", size=" + shape_text(s.sizes) +
+             ", nnz=" + std::to_string(nnz) + (s.coalesced.value_or(false) ? ", coalesced" : "") +
+             (s.requires_grad ? ", requires_grad" : "") + ")";
+    }
     default: break;
   }
   fail(ErrorCode::invalid_argument, "typed_scalar_text: a ", value_kind_name(value.kind()));
@@ -722,7 +732,8 @@ std::string scalar_text(const Value& value, std::size_t max_string_chars) {
     case ValueKind::device:
     case ValueKind::dtype:
     case ValueKind::layout:
-    case ValueKind::meta_tensor: return typed_scalar_text(value);
+    case ValueKind::meta_tensor:
+    case ValueKind::sparse_tensor: return typed_scalar_text(value);
     case ValueKind::list:
     case ValueKind::tuple:
     case ValueKind::dict:
@@ -981,6 +992,20 @@ std::string first_difference(const Value& a, const Value& b, const std::string& 
       if (x.is_parameter != y.is_parameter) return where + ": nn.Parameter vs plain meta tensor";
       return {};
     }
+    case ValueKind::sparse_tensor: {
+      const SparseTensor& x = a.as_sparse_tensor();
+      const SparseTensor& y = b.as_sparse_tensor();
+      if (x.layout != y.layout) return where + ": " + x.layout + " vs " + y.layout;
+      if (x.sizes != y.sizes) return where + ": sizes " + shape_text(x.sizes) + " vs " + shape_text(y.sizes);
+      if (x.coalesced != y.coalesced) return where + ": is_coalesced differs";
+      if (x.requires_grad != y.requires_grad) return where + ": requires_grad differs";
+      if (x.is_parameter != y.is_parameter) return where + ": nn.Parameter vs plain sparse tensor";
+      for (std::size_t i = 0; i < x.parts.size() && i < y.parts.size(); ++i) {
+        auto d = first_difference(x.parts[i], y.parts[i], path + ".part" + std::to_string(i));
+        if (!d.empty()) return d;
+      }
+      return x.parts.size() == y.parts.size() ? std::string() : where + ": part count differs";
+    }
   }
   return where + ": unknown kind";
 }
@@ -1007,6 +1032,8 @@ void hand_over_storages(const Value& root, const std::shared_ptr<const void>& sn
       for (const Value& item : value.as_list()) pending.push_back(&item);
     } else if (value.is_dict()) {
       for (const auto& [key, item] : value.as_dict()) pending.push_back(&item);
+    } else if (value.is_sparse_tensor()) {
+      for (const Value& part : value.as_sparse_tensor().parts) pending.push_back(&part);
     }
   }
 }
