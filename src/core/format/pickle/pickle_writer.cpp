@@ -668,8 +668,8 @@ class Emitter {
   // from the older three-part form is written back in that form). Memoized by
   // emit_container.
   void emit_sparse_tensor(const SparseTensor& sparse, std::uint32_t level) {
+    // Valid already: Value::sparse_tensor is the only way to make one.
     refuse_in_torch_1_13("sparse tensor (holdpoint writes sparse tensors only for torch 2.x)");
-    validate_sparse_tensor(sparse);
     if (sparse.is_parameter) emit_global("torch._utils", "_rebuild_parameter");
     emit_call("torch._utils", "_rebuild_sparse_tensor", op::TUPLE2, [&] {
       emit_layout(sparse.layout);
